@@ -1,0 +1,1 @@
+"""The ``ringtrain`` command line: argparse in, frozen configs out, nothing else."""

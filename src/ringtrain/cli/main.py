@@ -1,0 +1,52 @@
+"""Entry point of the ``ringtrain`` console script.
+
+Each subcommand lives in its own module under ``ringtrain.cli`` and exposes
+``register(subparsers) -> None``; the parser it adds sets ``func(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ringtrain import __version__
+from ringtrain.cli.errors import UsageError
+
+#: Subcommand modules, in the order ``ringtrain --help`` lists them.
+COMMANDS: tuple[str, ...] = (
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="ringtrain",
+        description="Data-parallel training for PyTorch, from one CPU core to many GPU nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"ringtrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"ringtrain.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"ringtrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

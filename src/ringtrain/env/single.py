@@ -1,0 +1,33 @@
+"""No launcher at all: ``python train.py`` is one process of a world of one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ringtrain.env.base import ClusterEnvironment
+
+
+class SingleProcessEnvironment(ClusterEnvironment):
+    """The fallback: rank 0 of 1."""
+
+    name = "single"
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """Always true; tried last."""
+        return True
+
+    def world_size(self) -> int:
+        return 1
+
+    def global_rank(self) -> int:
+        return 0
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_world_size(self) -> int:
+        return 1
+
+    def main_port(self) -> int:
+        return int(self.environ.get("MASTER_PORT", "0") or 0)
