@@ -1,0 +1,36 @@
+"""The names of the built-in workloads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from ringtrain.workloads.base import Workload
+from ringtrain.workloads.mnist import FashionMnistWorkload, MnistWorkload
+
+WORKLOADS: Mapping[str, Callable[..., Workload]] = MappingProxyType({
+    "mnist": MnistWorkload,
+    "fashion-mnist": FashionMnistWorkload,
+})
+"""Workload name -> class; ``get_workload`` is the usual way in."""
+
+
+class UnknownWorkloadError(KeyError, ValueError):
+    """An unknown workload name (a KeyError and a ValueError, so either ``except`` catches it)."""
+
+    def __str__(self) -> str:
+        # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+def get_workload(name: str, **options: object) -> Workload:
+    """A fresh workload by name; ``options`` go to its constructor (e.g. the synthetic shapes).
+
+    Raises UnknownWorkloadError (a KeyError and ValueError) listing the valid names.
+    """
+    try:
+        factory = WORKLOADS[name]
+    except KeyError:
+        valid = ", ".join(sorted(WORKLOADS))
+        raise UnknownWorkloadError(f"unknown workload {name!r}. HINT: use one of {valid}.") from None
+    return factory(**options)
