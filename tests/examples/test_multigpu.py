@@ -1,0 +1,56 @@
+"""examples/multigpu.py: killed after a snapshot, the same command line resumes where it stopped."""
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from tests.examples.launch import example_env, explain, run_example, torchrun_command
+
+ARGS = ["6", "2", "--subset", "1024", "--snapshot-path", "snap/snapshot.pt"]
+
+
+def _run_until_snapshot(cwd, marker: str, timeout: float = 240.0) -> str:
+    """Start the script, read its output until ``marker``, then kill the whole process tree."""
+    proc = subprocess.Popen(torchrun_command("multigpu.py", ARGS), cwd=cwd, env=example_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if marker in line:
+                break
+    finally:
+        # SIGKILL, as a crashed node or a pre-empted job would: no chance to clean up.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+    return "".join(seen)
+
+
+def _epochs(text: str) -> list[int]:
+    return [int(e) for e in re.findall(r"^Epoch (\d+) \| Batchsize", text, flags=re.M)]
+
+
+def _losses(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"\| Loss: ([\d.]+)", text)]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_snapshot(tmp_path) -> None:
+    first = _run_until_snapshot(tmp_path, "Epoch 1 | Training snapshot saved")
+    assert _epochs(first) == [0, 1], first
+    snapshot = tmp_path / "snap" / "snapshot.pt"
+    assert torch.load(snapshot)["EPOCHS_RUN"] == 2
+
+    second = run_example("multigpu.py", ARGS, cwd=tmp_path)
+    assert second.returncode == 0, explain(second)
+    assert "Resuming training from snapshot at Epoch 2" in second.stdout, explain(second)
+    # No epoch is repeated or skipped, and training goes on from the trained weights, not from scratch.
+    assert _epochs(second.stdout) == [2, 3, 4, 5], explain(second)
+    assert _losses(second.stdout)[0] < _losses(first)[0], (first, second.stdout)
+    assert torch.load(snapshot)["EPOCHS_RUN"] == 6
+    assert sorted(p.name for p in snapshot.parent.iterdir()) == ["snapshot.pt"]
