@@ -1,8 +1,32 @@
 """Where am I: one small class per launcher or scheduler, tried in a fixed order.
 
-The order matters where variables overlap: torchrun's variables are the most specific (they are set
-per process by the agent, also inside a Slurm allocation), a horovodrun worker comes next, then plain
-env://, then schedulers and MPI launchers, and a single process last.
+Detection order (the first class whose ``detect`` is true wins):
+
+1. ``torchrun``: ``TORCHELASTIC_RUN_ID`` and ``RANK`` (also ``ringtrain run``'s workers);
+2. ``horovod``: ``HOROVOD_RANK`` and ``HOROVOD_SIZE`` (horovodrun's gloo workers);
+3. ``env``: plain env://, ``RANK`` and ``WORLD_SIZE`` set by hand or by a platform;
+4. ``lsf``: jsrun's ``JSM_NAMESPACE_*`` in an LSF job;
+5. ``openmpi``: ``OMPI_COMM_WORLD_*``;
+6. ``pals``: Cray PALS ``PALS_RANKID``;
+7. ``mpich``: MPICH / Intel MPI ``PMI_RANK`` and ``PMI_SIZE``;
+8. ``mvapich``: ``MV2_COMM_WORLD_*``;
+9. ``slurm``: a task of an ``srun`` step (not an interactive ``srun --pty bash``);
+10. ``pmix``: ``PMIX_RANK`` alone (prterun);
+11. ``pbs``: a PBS job (``pbsdsh`` task or the job script);
+12. ``slurm-shell``: a batch script, ``salloc`` shell or interactive shell in a Slurm job: one process;
+13. ``single``: no launcher, rank 0 of 1.
+
+Why this order: variables set per process by the program that started *this* process beat
+variables describing the allocation. torchrun and horovodrun set their own per-process names, also
+inside Slurm or MPI jobs. MPI launchers come before Slurm because ``mpirun`` and ``mpiexec.hydra``
+start their daemons on the other nodes with ``srun``: their ranks inherit the *daemon's* Slurm step
+(``SLURM_PROCID`` = the node, ``SLURM_NTASKS`` = the number of nodes), while ``OMPI_*`` / ``PMI_*``
+describe the rank. Where Slurm's own MPI plugins set ``PMI_*`` / ``PMIX_*``, both agree. PALS comes
+before MPICH because Cray's PMI sets ``PMI_RANK`` too but not Hydra's local-rank names. A bare PMIx
+rank has no size of its own, so it follows Slurm (``srun --mpi=pmix`` is better read as Slurm). The
+shells of Slurm and PBS jobs come last among schedulers: inside them any launcher above wins.
+
+``MASTER_ADDR`` and ``MASTER_PORT``, when set, always give the main address and port.
 """
 
 from __future__ import annotations
@@ -10,14 +34,40 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ringtrain.env.base import ClusterEnvironment, EnvironmentError_, Placement
+from ringtrain.env.base import ClusterEnvironment, EnvironmentError_, Placement, port_from_job_id
+from ringtrain.env.horovod import HorovodEnvironment
+from ringtrain.env.lsf import LsfEnvironment
+from ringtrain.env.mpi import (
+    MpichEnvironment,
+    MvapichEnvironment,
+    OpenMpiEnvironment,
+    PalsEnvironment,
+    PmixEnvironment,
+)
+from ringtrain.env.pbs import PbsEnvironment, hosts_from_nodefile
 from ringtrain.env.single import SingleProcessEnvironment
+from ringtrain.env.slurm import (
+    SlurmEnvironment,
+    SlurmShellEnvironment,
+    expand_nodelist,
+    parse_tasks_per_node,
+)
 from ringtrain.env.torchrun import EnvVarsEnvironment, TorchElasticEnvironment
 
 #: Detection order; the first class whose ``detect`` is true wins.
 ENVIRONMENTS: list[type[ClusterEnvironment]] = [
     TorchElasticEnvironment,
+    HorovodEnvironment,
     EnvVarsEnvironment,
+    LsfEnvironment,
+    OpenMpiEnvironment,
+    PalsEnvironment,
+    MpichEnvironment,
+    MvapichEnvironment,
+    SlurmEnvironment,
+    PmixEnvironment,
+    PbsEnvironment,
+    SlurmShellEnvironment,
     SingleProcessEnvironment,
 ]
 
@@ -34,7 +84,24 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "EnvVarsEnvironment",
     "EnvironmentError_",
+    "HorovodEnvironment",
+    "LsfEnvironment",
+    "MpichEnvironment",
+    "MvapichEnvironment",
+    "OpenMpiEnvironment",
+    "PalsEnvironment",
+    "PbsEnvironment",
     "Placement",
+    "PmixEnvironment",
+    "SingleProcessEnvironment",
+    "SlurmEnvironment",
+    "SlurmShellEnvironment",
+    "TorchElasticEnvironment",
     "detect_environment",
+    "expand_nodelist",
+    "hosts_from_nodefile",
+    "parse_tasks_per_node",
+    "port_from_job_id",
 ]

@@ -29,5 +29,6 @@ class SingleProcessEnvironment(ClusterEnvironment):
     def local_world_size(self) -> int:
         return 1
 
-    def main_port(self) -> int:
-        return int(self.environ.get("MASTER_PORT", "0") or 0)
+    def default_main_port(self) -> int:
+        """0: nobody else needs to find this process, so the engine may take any free port."""
+        return 0

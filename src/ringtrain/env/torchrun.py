@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ringtrain.env.base import ClusterEnvironment, read_int
+from ringtrain.env.base import ClusterEnvironment, EnvironmentError_, read_int
 
 _TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -46,6 +46,30 @@ class EnvVarsEnvironment(ClusterEnvironment):
     def source_variables(self) -> dict[str, str]:
         return {k: self.environ[k] for k in _TORCH_VARS if k in self.environ}
 
+    def validate(self) -> list[str]:
+        warnings = super().validate()
+        if "MASTER_ADDR" not in self.environ and not self._single_node_or_unknown():
+            warnings.append(f"{self.name}: the job spans several nodes but MASTER_ADDR is not set, so "
+                            "127.0.0.1 is used and the other nodes cannot reach rank 0. "
+                            "HINT: export MASTER_ADDR=<host of rank 0> (and MASTER_PORT) on every node.")
+        slurm_tasks = _slurm_step_tasks(self.environ)
+        try:
+            size = self.world_size()
+        except EnvironmentError_:
+            return warnings
+        if slurm_tasks > 1 and size < slurm_tasks:
+            warnings.append(f"{self.name}: WORLD_SIZE={size} is smaller than the {slurm_tasks} tasks of this "
+                            "Slurm step, so several tasks started separate jobs that share one MASTER_PORT. "
+                            "HINT: set WORLD_SIZE to cover every task, or run one launcher per node "
+                            "(srun --ntasks-per-node=1 ringtrain run --nproc-per-node N ...).")
+        return warnings
+
+    def _single_node_or_unknown(self) -> bool:
+        try:
+            return self.num_nodes() <= 1 or self.is_single_node()
+        except EnvironmentError_:
+            return True
+
 
 class TorchElasticEnvironment(EnvVarsEnvironment):
     """Processes started by torchrun's elastic agent (``ringtrain run`` uses the same agent)."""
@@ -55,3 +79,26 @@ class TorchElasticEnvironment(EnvVarsEnvironment):
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return "TORCHELASTIC_RUN_ID" in environ and "RANK" in environ
+
+    def validate(self) -> list[str]:
+        warnings = ClusterEnvironment.validate(self)
+        slurm_tasks = _slurm_step_tasks(self.environ)
+        if slurm_tasks > 1 and "GROUP_WORLD_SIZE" in self.environ:
+            try:
+                agents = self.num_nodes()
+            except EnvironmentError_:
+                return warnings
+            if agents < slurm_tasks:
+                warnings.append(
+                    f"{self.name}: {agents} agent(s) (GROUP_WORLD_SIZE, --nnodes) but this Slurm step runs "
+                    f"{slurm_tasks} tasks, each starting its own agent: they form separate jobs on one port. "
+                    f"HINT: use --nnodes={slurm_tasks} with one shared rendezvous, or one task per node.")
+        return warnings
+
+
+def _slurm_step_tasks(environ: Mapping[str, str]) -> int:
+    """Tasks of the enclosing ``srun`` step (0 outside one, or when unreadable)."""
+    if "SLURM_STEP_ID" not in environ and "SLURM_STEPID" not in environ:
+        return 0
+    value = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "0"
+    return int(value) if value.strip().isdigit() else 0

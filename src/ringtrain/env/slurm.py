@@ -1,0 +1,291 @@
+"""Slurm: tasks started by ``srun`` (a job step), and the shell of a batch or interactive allocation.
+
+Inside a step every task has ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's
+sizes. The main address is the first host of the step's node list (rank 0 runs there with every
+task distribution), the port 15000 + the last four digits of the job id, unless ``MASTER_ADDR`` /
+``MASTER_PORT`` are set.
+
+A batch script (``sbatch``), an ``salloc`` shell and ``srun --pty bash`` (job name ``bash`` or
+``interactive``) are *shells*: one process, whatever ``SLURM_NTASKS`` says. Treating such a shell as
+rank 0 of ``SLURM_NTASKS`` is the classic hang (a batch script that forgot ``srun``), so
+:class:`SlurmShellEnvironment` reports a world of one, says in ``validate()`` that ``srun`` is
+missing, and exposes :attr:`SlurmShellEnvironment.batch_without_srun` so the launcher can spread itself
+with ``srun``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ringtrain.env.base import (
+    LOOPBACK,
+    ClusterEnvironment,
+    EnvironmentError_,
+    port_from_job_id,
+    read_int,
+    same_host,
+)
+
+#: Job names Slurm gives interactive allocations; their processes are started by hand.
+INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
+#: Step ids of the steps that are not ``srun`` (Slurm >= 20 may export them as names).
+_NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive"})
+
+_VARS = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID",
+         "SLURM_NODEID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
+         "SLURM_JOB_NUM_NODES", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+         "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
+         "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise EnvironmentError_(f"node list {text!r} has a ']' without '['. HINT: pass the value "
+                                        "of SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise EnvironmentError_(f"node list {text!r} has an unclosed '['. HINT: pass the value of "
+                                "SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_ranges(text: str, body: str) -> list[str]:
+    """``01-03,7`` -> ``['01', '02', '03', '7']``, keeping the zero padding of each range's start."""
+    out: list[str] = []
+    for item in body.split(","):
+        match = _RANGE.match(item.strip())
+        if not match:
+            raise EnvironmentError_(f"node list {text!r}: {item!r} is not a number or a range like 01-04. "
+                                    "HINT: pass the value of SLURM_JOB_NODELIST unchanged.")
+        start, end = match.group(1), match.group(2) or match.group(1)
+        if int(end) < int(start):
+            raise EnvironmentError_(f"node list {text!r}: range {item!r} runs backwards. "
+                                    "HINT: write ranges low-high, e.g. 01-04.")
+        width = len(start)
+        out.extend(str(n).zfill(width) for n in range(int(start), int(end) + 1))
+    return out
+
+
+def _expand_one(text: str, entry: str) -> list[str]:
+    """One host expression, possibly with several bracket groups: ``r[1-2]n[1-2]`` gives four hosts."""
+    bracket = entry.find("[")
+    if bracket < 0:
+        return [entry]
+    close = entry.index("]", bracket)
+    prefix, body, rest = entry[:bracket], entry[bracket + 1:close], entry[close + 1:]
+    tails = _expand_one(text, rest) if rest else [""]
+    return [prefix + number + tail for number in _expand_ranges(text, body) for tail in tails]
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Expand a Slurm host list: ``node[01-03,07],gpu-a1`` -> ``node01 node02 node03 node07 gpu-a1``.
+
+    Handles several groups, zero padding, dashes in prefixes, several bracket groups in one name and
+    plain comma-separated lists. Raises :class:`EnvironmentError_` (a ``ValueError``) on malformed text.
+    """
+    hosts: list[str] = []
+    for entry in _split_top_level(text.strip()):
+        hosts.extend(_expand_one(text, entry))
+    return hosts
+
+
+def parse_tasks_per_node(text: str) -> list[int]:
+    """Expand Slurm's compressed task counts: ``4(x2),2`` -> ``[4, 4, 2]``."""
+    counts: list[int] = []
+    for item in text.strip().split(","):
+        match = _TASKS.match(item.strip())
+        if not match:
+            raise EnvironmentError_(f"tasks per node {text!r}: {item!r} is not N or N(xM). "
+                                    "HINT: pass the value of SLURM_TASKS_PER_NODE unchanged, e.g. 4(x2),2.")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _job_id(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
+
+
+def _is_interactive(environ: Mapping[str, str]) -> bool:
+    return environ.get("SLURM_JOB_NAME", "") in INTERACTIVE_JOB_NAMES
+
+
+def _in_step(environ: Mapping[str, str]) -> bool:
+    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
+
+
+class SlurmEnvironment(ClusterEnvironment):
+    """A task of an ``srun`` step (not an interactive ``srun --pty bash``)."""
+
+    name = "slurm"
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """In a job step started by ``srun``, and the job is not an interactive shell."""
+        return bool(_job_id(environ)) and _in_step(environ) and not _is_interactive(environ)
+
+    def world_size(self) -> int:
+        for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"):
+            if name in self.environ:
+                return read_int(self.environ, name)
+        return 1
+
+    def global_rank(self) -> int:
+        return read_int(self.environ, "SLURM_PROCID", 0)
+
+    def local_rank(self) -> int:
+        return read_int(self.environ, "SLURM_LOCALID", 0)
+
+    def local_world_size(self) -> int:
+        """This node's entry of the step's (else the job's) compressed tasks-per-node list."""
+        for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            if self.environ.get(name):
+                counts = parse_tasks_per_node(self.environ[name])
+                node = self.node_rank()
+                if 0 <= node < len(counts):
+                    return counts[node]
+        if "SLURM_NTASKS_PER_NODE" in self.environ:
+            return read_int(self.environ, "SLURM_NTASKS_PER_NODE")
+        return max(1, self.world_size() // self.num_nodes())
+
+    def node_rank(self) -> int:
+        return read_int(self.environ, "SLURM_NODEID", 0)
+
+    def num_nodes(self) -> int:
+        for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+            if name in self.environ:
+                return read_int(self.environ, name)
+        return len(self.step_hosts()) or 1
+
+    def step_hosts(self) -> list[str]:
+        """The step's hosts in order (the job's when the step list is absent)."""
+        for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+            if self.environ.get(name):
+                return expand_nodelist(self.environ[name])
+        return []
+
+    def hostname(self) -> str:
+        return self.environ.get("SLURMD_NODENAME") or super().hostname()
+
+    def default_main_address(self) -> str:
+        hosts = self.step_hosts()
+        if hosts:
+            return hosts[0]
+        if self.num_nodes() == 1:
+            return LOOPBACK
+        raise EnvironmentError_("slurm: no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST to find rank 0's host. "
+                                "HINT: export MASTER_ADDR=<host of rank 0>.")
+
+    def default_main_port(self) -> int:
+        job = _job_id(self.environ)
+        return port_from_job_id(job) if job else super().default_main_port()
+
+    def source_variables(self) -> dict[str, str]:
+        return {k: self.environ[k] for k in _VARS if k in self.environ}
+
+    def validate(self) -> list[str]:
+        warnings = super().validate()
+        try:
+            hosts, nodes = self.step_hosts(), self.num_nodes()
+            if hosts and len(hosts) != nodes:
+                warnings.append(f"slurm: the node list has {len(hosts)} hosts but the step has {nodes} "
+                                "nodes. HINT: unset stale SLURM_* variables copied from another job.")
+            if hosts and not any(same_host(self.hostname(), h) for h in hosts):
+                warnings.append(f"slurm: this host {self.hostname()!r} is not in the node list {hosts}. "
+                                "HINT: unset stale SLURM_* variables copied from another job.")
+            theirs = {"SLURM_PROCID": self.global_rank(), "SLURM_NTASKS": self.world_size(),
+                      "SLURM_LOCALID": self.local_rank()}
+        except EnvironmentError_ as exc:
+            return [*warnings, str(exc)]
+        for torch_name, slurm_name in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"),
+                                       ("LOCAL_RANK", "SLURM_LOCALID")):
+            value = self.environ.get(torch_name)
+            if value is not None and value.strip() != str(theirs[slurm_name]):
+                warnings.append(f"slurm: {torch_name}={value} disagrees with Slurm's {slurm_name}="
+                                f"{theirs[slurm_name]}; Slurm's value is used. HINT: unset {torch_name}, or "
+                                "start the processes with torchrun / ringtrain run, which set all of them.")
+        return warnings
+
+
+class SlurmShellEnvironment(ClusterEnvironment):
+    """The one process of a batch script, ``salloc`` shell or ``srun --pty bash`` in an allocation."""
+
+    name = "slurm-shell"
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """Inside a Slurm job but not in an ``srun`` task (or in an interactive one)."""
+        return bool(_job_id(environ))
+
+    @property
+    def interactive(self) -> bool:
+        """The job is an interactive shell (job name ``bash`` or ``interactive``)."""
+        return _is_interactive(self.environ)
+
+    @property
+    def allocated_tasks(self) -> int:
+        """``SLURM_NTASKS`` of the allocation (1 when unset)."""
+        return read_int(self.environ, "SLURM_NTASKS", 1)
+
+    @property
+    def batch_without_srun(self) -> bool:
+        """The allocation asks for several tasks but only this process runs: ``srun`` is missing."""
+        return not self.interactive and self.allocated_tasks > 1
+
+    def allocation_hosts(self) -> list[str]:
+        """Every host of the allocation, in order."""
+        text = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
+        return expand_nodelist(text) if text else []
+
+    def tasks_per_node(self) -> list[int]:
+        """The allocation's tasks on each host, expanded from ``SLURM_TASKS_PER_NODE``."""
+        text = self.environ.get("SLURM_TASKS_PER_NODE", "")
+        return parse_tasks_per_node(text) if text else []
+
+    def world_size(self) -> int:
+        return 1
+
+    def global_rank(self) -> int:
+        return 0
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_world_size(self) -> int:
+        return 1
+
+    def default_main_port(self) -> int:
+        return port_from_job_id(_job_id(self.environ))
+
+    def source_variables(self) -> dict[str, str]:
+        return {k: self.environ[k] for k in _VARS if k in self.environ}
+
+    def validate(self) -> list[str]:
+        warnings = super().validate()
+        try:
+            missing = self.batch_without_srun
+            tasks = self.allocated_tasks
+        except EnvironmentError_ as exc:
+            return [*warnings, str(exc)]
+        if missing:
+            warnings.append(f"slurm: the job has SLURM_NTASKS={tasks} but this process was not started by "
+                            f"srun, so it runs alone (world size 1) instead of as one of {tasks} ranks. "
+                            "HINT: start it with `srun python ...`, or with `srun ringtrain run "
+                            "--nproc-per-node N ...` and --ntasks-per-node=1 (see `ringtrain script slurm`).")
+        return warnings
