@@ -1,0 +1,223 @@
+"""Hosts of our own: two network namespaces joined by a veth pair, each with its own sshd.
+
+``rt-hostA`` (10.231.0.1) and ``rt-hostB`` (10.231.0.2) see each other as ``hostA`` and ``hostB``.
+Each host also gets its own UTS namespace, so ``hostname`` there says ``hostA``/``hostB`` and a
+launcher's "which host am I" logic is exercised for real. The file system is shared (one machine),
+so the repo, the venv and the data are at the same paths on both hosts, as on a cluster with a
+shared home.
+
+Nothing global is edited: the host names live in ``/etc/netns/<ns>/hosts`` and the ssh client
+settings (known hosts) in ``/etc/netns/<ns>/ssh/ssh_config``, which ``ip netns exec`` bind-mounts
+over ``/etc/hosts`` and ``/etc/ssh`` for processes of that namespace only. Those files, the
+namespaces and the sshds are removed at teardown; a stale set from a killed session is removed at
+start-up. An sshd dies with the test session (see ``spawn_daemon``).
+
+Root logs in with a generated key (``AuthorizedKeysFile`` in the temp dir, ``StrictModes no``).
+``bandwidth`` puts a ``tc qdisc tbf`` on both ends of the link to give it a real rate.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.integration.system import (
+    clean_env,
+    skip_unless_commands,
+    skip_unless_root,
+    spawn_daemon,
+    stop_daemons,
+    wait_for,
+)
+
+SUBNET = "10.231.0"
+#: An address on the link that nobody answers: a host that is down.
+UNREACHABLE_ADDRESS = f"{SUBNET}.99"
+NETNS_ETC = Path("/etc/netns")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One namespace host: its name as the others resolve it, namespace, interface, address."""
+
+    name: str
+    namespace: str
+    interface: str
+    address: str
+
+
+class NamespaceHosts:
+    """``hostA`` and ``hostB`` with sshd on port 22; commands run inside via :meth:`command`."""
+
+    def __init__(self, root: Path, bandwidth: str | None = None) -> None:
+        self.root = root
+        self.bandwidth = bandwidth
+        self.hosts = {name: Host(name, f"rt-{name}", f"rt-veth{name[-1]}", f"{SUBNET}.{i}")
+                      for i, name in enumerate(("hostA", "hostB"), start=1)}
+        #: A name that resolves (on both hosts) to an address where no host is: for unreachable-host tests.
+        self.unreachable = "hostDown"
+        self.key = root / "id_ed25519"
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    # --- running things on a host --------------------------------------------------------------
+
+    def command(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` as run on ``host``: in its network namespace, with its hostname."""
+        h = self.hosts[host]
+        return ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c",
+                f'hostname {h.name} && exec "$@"', "sh", *argv]
+
+    def run(self, host: str, argv: list[str], timeout: float = 300.0,
+            env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on ``host`` and capture its output as text."""
+        return subprocess.run(self.command(host, argv), env=clean_env(env), cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def ssh(self, from_host: str, to_host: str, remote: str,
+            timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """``ssh to_host remote`` from ``from_host`` with the generated key."""
+        argv = ["ssh", "-i", str(self.key), "-o", "BatchMode=yes", f"root@{to_host}", remote]
+        return self.run(from_host, argv, timeout=timeout)
+
+    def pids(self, host: str) -> list[int]:
+        """Processes living in ``host``'s network namespace."""
+        out = subprocess.run(["ip", "netns", "pids", self.hosts[host].namespace], capture_output=True,
+                             text=True, check=True)
+        return [int(pid) for pid in out.stdout.split()]
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create namespaces, link, name files, keys and sshds; wait until ssh works both ways."""
+        self.stop()  # a stale set from a killed session
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ringtrain-test",
+                        "-f", str(self.key)], check=True)
+        (self.root / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
+        a, b = self.hosts["hostA"], self.hosts["hostB"]
+        _ip("link", "add", a.interface, "type", "veth", "peer", "name", b.interface)
+        known_hosts = []
+        for host in (a, b):
+            _ip("netns", "add", host.namespace)
+            _ip("link", "set", host.interface, "netns", host.namespace)
+            _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
+            _ip("-n", host.namespace, "link", "set", "lo", "up")
+            _ip("-n", host.namespace, "link", "set", host.interface, "up")
+            if self.bandwidth:
+                _tc(host.namespace, "qdisc", "add", "dev", host.interface, "root", "tbf",
+                    "rate", self.bandwidth, "burst", "256kb", "latency", "50ms")
+            host_key = self.root / f"ssh_host_key_{host.name}"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+            public = host_key.with_suffix(".pub").read_text().split()
+            known_hosts.append(f"{host.name},{host.address} {public[0]} {public[1]}")
+        (self.root / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+        for host in (a, b):
+            self._write_etc(host)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        for host in (a, b):
+            config = self._write_sshd_config(host)
+            self._procs.append(spawn_daemon(self.command(host.name, [shutil.which("sshd") or "/usr/sbin/sshd",
+                                                                      "-D", "-e", "-f", str(config)]),
+                                            self.root / f"sshd_{host.name}.log"))
+        for src, dst in (("hostA", "hostB"), ("hostB", "hostA"), ("hostA", "hostA")):
+            wait_for(lambda s=src, d=dst: self._ssh_ok(s, d), 30, f"ssh from {src} to {dst}",
+                     logs=[self.root / f"sshd_{h}.log" for h in self.hosts])
+
+    def _ssh_ok(self, src: str, dst: str) -> bool:
+        for proc in self._procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {proc.returncode}; see {self.root}/sshd_*.log")
+        result = self.ssh(src, dst, "hostname", timeout=20)
+        return result.returncode == 0 and result.stdout.strip() == dst
+
+    def _write_etc(self, host: Host) -> None:
+        etc = NETNS_ETC / host.namespace
+        (etc / "ssh").mkdir(parents=True, exist_ok=True)
+        names = [f"{h.address}\t{h.name}" for h in self.hosts.values()]
+        (etc / "hosts").write_text("\n".join(["127.0.0.1\tlocalhost", "::1\tlocalhost", *names,
+                                              f"{UNREACHABLE_ADDRESS}\t{self.unreachable}"]) + "\n")
+        # The whole of /etc/ssh is replaced in the namespace: this is all the ssh client needs.
+        (etc / "ssh" / "ssh_config").write_text(
+            "Host *\n"
+            f"    UserKnownHostsFile {self.root / 'known_hosts'}\n"
+            "    StrictHostKeyChecking yes\n"
+            "    ConnectTimeout 10\n"
+            "    LogLevel ERROR\n")
+
+    def _write_sshd_config(self, host: Host) -> Path:
+        config = self.root / f"sshd_config_{host.name}"
+        config.write_text(
+            f"ListenAddress {host.address}\n"
+            "ListenAddress 127.0.0.1\n"
+            "Port 22\n"
+            f"HostKey {self.root / f'ssh_host_key_{host.name}'}\n"
+            "PidFile none\n"
+            "PermitRootLogin prohibit-password\n"
+            "PubkeyAuthentication yes\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+            "MaxStartups 100\n"
+            "MaxSessions 100\n"
+            "LogLevel ERROR\n")
+        return config
+
+    def stop(self) -> None:
+        """Stop the sshds, delete namespaces (their veth ends go with them) and the name files."""
+        stop_daemons(self._procs)
+        self._procs.clear()
+        for host in self.hosts.values():
+            if Path(f"/run/netns/{host.namespace}").exists():
+                for pid in self.pids(host.name):
+                    _kill(pid)  # remote ranks a failed test left behind
+                subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+            subprocess.run(["ip", "link", "del", host.interface], capture_output=True)
+            shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
+        try:
+            NETNS_ETC.rmdir()  # only if we were its last user
+        except OSError:
+            pass
+
+
+def _kill(pid: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _ip(*args: str) -> None:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def _tc(namespace: str, *args: str) -> None:
+    result = subprocess.run(["ip", "netns", "exec", namespace, "tc", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"tc {' '.join(args)} in {namespace} failed: {result.stderr.strip()}")
+
+
+def start_hosts(root: Path, bandwidth: str | None = None) -> NamespaceHosts:
+    """Started hosts, or a pytest skip naming what is missing."""
+    skip_unless_root("network namespaces")
+    skip_unless_commands("ip", "tc", "sshd", "ssh", "ssh-keygen", "unshare")
+    probe = subprocess.run(["ip", "netns", "add", "rt-probe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        import pytest
+
+        pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", "rt-probe"], capture_output=True)
+    hosts = NamespaceHosts(root, bandwidth)
+    try:
+        hosts.start()
+    except BaseException:
+        hosts.stop()
+        raise
+    return hosts
