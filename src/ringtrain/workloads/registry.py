@@ -6,11 +6,18 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from ringtrain.workloads.base import Workload
+from ringtrain.workloads.cifar import Cifar10Workload
 from ringtrain.workloads.mnist import FashionMnistWorkload, MnistWorkload
+from ringtrain.workloads.movielens import MovieLensWorkload
+from ringtrain.workloads.synthetic import SyntheticImagesWorkload, SyntheticRatingsWorkload
 
 WORKLOADS: Mapping[str, Callable[..., Workload]] = MappingProxyType({
     "mnist": MnistWorkload,
     "fashion-mnist": FashionMnistWorkload,
+    "cifar10": Cifar10Workload,
+    "movielens": MovieLensWorkload,
+    "synthetic": SyntheticImagesWorkload,
+    "synthetic-ratings": SyntheticRatingsWorkload,
 })
 """Workload name -> class; ``get_workload`` is the usual way in."""
 
