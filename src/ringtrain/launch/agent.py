@@ -1,0 +1,214 @@
+"""One node's ranks, started and watched by torch's elastic agent (``torch.distributed.launcher``).
+
+The agent runs in this process. Workers start as ``python -m ringtrain.launch.worker_entry COMMAND``
+so that they get Horovod's variables too. When a worker fails the agent stops the others and this
+module turns its failure record into a :class:`~ringtrain.launch.report.RankFailure`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ringtrain.launch.report import RankFailure, earliest, format_report
+
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the agent of one node needs: its ranks and where the nodes meet."""
+
+    nproc: int
+    node_rank: int = 0
+    min_nodes: int = 1
+    max_nodes: int = 1
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = "127.0.0.1:29500"
+    run_id: str = "ringtrain"
+    rdzv_timeout: float = 60.0
+    max_restarts: int = 0
+    node_slots: tuple[int, ...] | None = None
+    node_hosts: tuple[str, ...] | None = None
+    output_dir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    failure_marker: bool = False
+    verbose: bool = False
+
+
+class AgentFailed(Exception):
+    """The node's ranks failed; ``failure`` is the earliest, ``count`` how many failed."""
+
+    def __init__(self, failure: RankFailure, count: int) -> None:
+        super().__init__(failure.message or failure.status())
+        self.failure = failure
+        self.count = count
+
+
+@contextlib.contextmanager
+def patched_environ(updates: Mapping[str, str]) -> Iterator[None]:
+    """Set variables for the workers (they inherit this process's environment), then restore them."""
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def quiet_torch_logs(verbose: bool) -> Iterator[None]:
+    """The agent logs every failure itself; we report once, so its loggers stay quiet unless --verbose."""
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.INFO if verbose else logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """The agent installs its own SIGTERM/SIGINT handlers; put ours back when it is done."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in names if hasattr(signal, name)}
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            if handler is not None:
+                signal.signal(getattr(signal, name), handler)
+
+
+def _tail(path: str | None, lines: int = 20) -> str:
+    if not path or not os.path.isfile(path):
+        return ""
+    try:
+        with open(path, errors="replace") as fp:
+            return "".join(fp.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _failure_from(rank: int, proc_failure: object, host: str, stderr_path: str | None) -> RankFailure:
+    data = getattr(proc_failure, "error_file_data", {}) or {}
+    message_data = data.get("message") if isinstance(data, dict) else None
+    message, trace, when = "", "", float(getattr(proc_failure, "timestamp", 0) or 0)
+    if isinstance(message_data, dict):
+        message = str(message_data.get("message", ""))
+        extra = message_data.get("extraInfo", {}) or {}
+        trace = str(extra.get("py_callstack", ""))
+        with contextlib.suppress(TypeError, ValueError):
+            when = float(extra.get("time", extra.get("timestamp", when)))
+    return RankFailure(host=host, rank=rank, local_rank=int(getattr(proc_failure, "local_rank", -1)),
+                       exitcode=int(getattr(proc_failure, "exitcode", 1)),
+                       pid=int(getattr(proc_failure, "pid", 0)),
+                       time=when, message=message, traceback=trace,
+                       output_tail="" if trace else _tail(stderr_path))
+
+
+def run_node(spec: NodeSpec, command: list[str]) -> int:
+    """Start ``spec.nproc`` ranks of ``command`` on this node; returns the exit code for the launcher.
+
+    On failure prints the root-cause report (or a marker line for a driver) and returns 1. A SIGTERM
+    or SIGINT stops every rank and returns 128 + the signal number.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
+    from torch.distributed.launcher.api import launch_agent
+
+    from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
+
+    host = spec.node_hosts[spec.node_rank] if spec.node_hosts and spec.node_rank < len(spec.node_hosts) \
+        else socket.gethostname()
+    log_dir = tempfile.mkdtemp(prefix="ringtrain-run-")
+    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir)
+    rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1))}
+    if spec.rdzv_backend == "static":
+        rdzv_configs["rank"] = spec.node_rank
+    torch_config = TorchLaunchConfig(
+        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nproc_per_node=spec.nproc, logs_specs=logs,
+        run_id=spec.run_id, role="ringtrain", rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_backend=spec.rdzv_backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
+        monitor_interval=0.1, log_line_prefix_template=LINE_PREFIX,
+    )
+    env = dict(spec.env)
+    if spec.node_slots:
+        env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in spec.node_slots)
+    if spec.node_hosts:
+        env["RINGTRAIN_NODE_HOSTS"] = ",".join(spec.node_hosts)
+    args = ["-u", "-m", "ringtrain.launch.worker_entry", *command]
+    try:
+        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
+            launch_agent(torch_config, sys.executable, args)
+        return 0
+    except ChildFailedError as exc:
+        failures = [_failure_from(rank, pf, host,
+                                  _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
+                    for rank, pf in exc.failures.items()]
+        root = earliest(failures)
+        assert root is not None
+        _emit(spec, root, len(failures))
+        return 1
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # rendezvous or store errors: no rank ran, so say where they met
+        failure = RankFailure(host=host, rank=-1, local_rank=-1, exitcode=1, pid=os.getpid(),
+                              time=time.time(), message=(
+                                  f"node {spec.node_rank} could not start its ranks (rendezvous "
+                                  f"{spec.rdzv_backend} at {spec.rdzv_endpoint}): "
+                                  f"{type(exc).__name__}: {exc}"))
+        if spec.failure_marker:
+            print(failure.to_marker(), file=sys.stderr, flush=True)
+        else:
+            print(f"ringtrain run: error: {failure.message}. HINT: check that node 0 is reachable at "
+                  f"{spec.rdzv_endpoint} and that the port is free (--master-port).", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _stderr_path(log_dir: str, output_dir: str | None, rank: int, local_rank: int) -> str | None:
+    """The file that holds a rank's stderr (the agent's tee file, or ours under --output-filename)."""
+    if output_dir and os.path.isdir(output_dir):
+        for name in os.listdir(output_dir):
+            if name.startswith("rank.") and name[5:].isdigit() and int(name[5:]) == rank:
+                return os.path.join(output_dir, name, "stderr")
+    # The agent's layout: <log_dir>/<run>/attempt_<n>/<local_rank>/stderr.log; the last attempt wins.
+    found = None
+    for root, _dirs, files in sorted(os.walk(log_dir)):
+        if os.path.basename(root) == str(local_rank) and "stderr.log" in files:
+            found = os.path.join(root, "stderr.log")
+    return found
+
+
+def _emit(spec: NodeSpec, root: RankFailure, count: int) -> None:
+    if spec.failure_marker:
+        print(root.to_marker(), file=sys.stderr, flush=True)
+    else:
+        print(format_report(root, count), file=sys.stderr, flush=True)

@@ -1,0 +1,91 @@
+"""The root-cause report: the first rank that failed, told once, with host, exit status and traceback.
+
+A per-host agent started by a multi-host driver does not print the report itself: it writes one
+marker line (``RINGTRAIN_FAILURE`` + JSON) on stderr, and the driver picks the earliest failure of
+all hosts and prints that one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+MARKER = "@@RINGTRAIN_FAILURE@@ "
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed worker process."""
+
+    host: str
+    rank: int
+    local_rank: int
+    exitcode: int
+    pid: int
+    time: float
+    message: str = ""
+    traceback: str = ""
+    output_tail: str = ""
+
+    def status(self) -> str:
+        """``exit code 3`` or ``signal SIGKILL`` (negative exit codes are signals)."""
+        if self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            return f"killed by {name}"
+        return f"exit code {self.exitcode}"
+
+    def to_marker(self) -> str:
+        """One line for the driver."""
+        return MARKER + json.dumps(asdict(self))
+
+    @classmethod
+    def from_marker(cls, line: str) -> RankFailure | None:
+        """Parse a marker line; None for any other line."""
+        if not line.startswith(MARKER):
+            return None
+        try:
+            return cls(**json.loads(line[len(MARKER):]))
+        except (ValueError, TypeError):
+            return None
+
+
+def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
+    """The root cause: the failure that happened first (ties keep the order of arrival).
+
+    Ranks ended by SIGTERM were stopped by their agent because another rank failed, so they come last.
+    """
+    ordered = sorted(enumerate(failures),
+                     key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].time, item[0]))
+    return ordered[0][1] if ordered else None
+
+
+def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None) -> str:
+    """The text printed once when a job fails."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))
+    lines = [
+        "ringtrain run: job failed. Root cause (first rank to fail):",
+        f"  host       : {root.host}",
+        f"  rank       : {root.rank}" + (f" of {world_size}" if world_size else "")
+        if root.rank >= 0 else "  rank       : none (the node's agent failed before or outside its ranks)",
+        f"  local rank : {root.local_rank}" if root.local_rank >= 0 else "  local rank : -",
+        f"  status     : {root.status()}",
+        f"  pid        : {root.pid}",
+        f"  time       : {when}",
+    ]
+    if root.message:
+        lines.append(f"  error      : {root.message}")
+    detail = root.traceback or root.output_tail
+    if detail:
+        lines.append("  traceback  :" if root.traceback else "  last output:")
+        lines.extend("    " + line for line in detail.rstrip().splitlines())
+    if total_failed > 1:
+        lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
+    else:
+        lines.append("  (every other rank was stopped.)")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""First code of every worker: add Horovod's variables to the agent's, then become the user's command.
+
+Started by the elastic agent as ``python -m ringtrain.launch.worker_entry COMMAND...``. The agent sets
+only torch's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT); this module derives HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*/HOSTNAME from them.
+
+A Python command (``python script.py``, ``python -m module``, a bare ``script.py``) runs in this very
+process, so an uncaught exception is written to the agent's error file (the launcher's root-cause
+report shows its traceback). Any other program replaces this process through ``os.execvp``, which
+keeps the pid: signals from the agent and exit codes reach the real program unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Mapping, MutableMapping, Sequence
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+def horovod_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """HOROVOD_* values for a worker, from the torch variables its agent set.
+
+    Slot counts of every node come from RINGTRAIN_NODE_SLOTS (set by ``ringtrain run`` when nodes
+    differ); without it all nodes are assumed to run LOCAL_WORLD_SIZE ranks.
+    """
+    rank = int(environ["RANK"])
+    size = int(environ["WORLD_SIZE"])
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    local_size = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    node_rank = int(environ.get("GROUP_RANK", "0"))
+    num_nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))
+    slots_text = environ.get("RINGTRAIN_NODE_SLOTS", "")
+    slots = [int(s) for s in slots_text.split(",")] if slots_text else [local_size] * num_nodes
+    holders = [i for i, s in enumerate(slots) if s > local_rank]
+    cross_rank = holders.index(node_rank) if node_rank in holders else node_rank
+    cross_size = len(holders) if node_rank in holders else num_nodes
+    hosts = [h for h in environ.get("RINGTRAIN_NODE_HOSTS", "").split(",") if h]
+    hostname = hosts[node_rank] if node_rank < len(hosts) else socket.gethostname()
+    return {
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(local_rank),
+        "HOROVOD_LOCAL_SIZE": str(local_size),
+        "HOROVOD_CROSS_RANK": str(cross_rank),
+        "HOROVOD_CROSS_SIZE": str(cross_size),
+        "HOROVOD_HOSTNAME": hostname,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def is_python(program: str) -> bool:
+    """``python``, ``python3``, ``python3.11`` or this interpreter's own path."""
+    return bool(_PYTHON_NAME.match(os.path.basename(program))) or program == sys.executable
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` without the frames of this module and of runpy (ours, not the user's)."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def write_error_file(exc: BaseException, environ: MutableMapping[str, str]) -> None:
+    """Record ``exc`` where the elastic agent looks for it (its JSON layout), for the root-cause report."""
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": user_traceback(exc),
+                                      "timestamp": str(int(time.time())),
+                                      "time": repr(time.time())}}}
+    try:
+        with open(path, "w") as fp:
+            json.dump(data, fp)
+    except OSError:
+        pass
+
+
+def run_python(argv: Sequence[str]) -> int:
+    """Run ``script.py args`` / ``-m module args`` / ``-c code args`` here, recording an uncaught error."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path.insert(0, "")
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        write_error_file(exc, os.environ)
+        sys.stderr.write(user_traceback(exc))
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Set the Horovod variables, then run or exec the command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("ringtrain.launch.worker_entry: no command given", file=sys.stderr)
+        return 2
+    os.environ.update(horovod_variables(os.environ))
+    program, rest = argv[0], argv[1:]
+    if is_python(program) and rest and (rest[0] in ("-m", "-c") or not rest[0].startswith("-")):
+        if rest[0] in ("-m", "-c") and len(rest) < 2:
+            os.execvp(sys.executable, [sys.executable, *rest])
+        return run_python(rest)
+    if program.endswith(".py"):
+        return run_python(argv)
+    if is_python(program):
+        program = sys.executable
+    os.execvp(program, [program, *rest])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
