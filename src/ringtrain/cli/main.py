@@ -16,6 +16,7 @@ from ringtrain.cli.errors import UsageError
 
 #: Subcommand modules, in the order ``ringtrain --help`` lists them.
 COMMANDS: tuple[str, ...] = (
+    "run",
     "check",
 )
 
