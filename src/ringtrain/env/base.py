@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import zlib
 from abc import ABC, abstractmethod
@@ -97,6 +98,10 @@ class ClusterEnvironment(ABC):
         """The main port when ``MASTER_PORT`` is not set (subclasses derive it from a job id)."""
         return DEFAULT_PORT
 
+    def node_rank_is_derived(self) -> bool:
+        """True when the node rank is computed from rank and local size (exact only if homogeneous)."""
+        return True
+
     def is_single_node(self) -> bool:
         """True when every process of the job runs on this host."""
         return self.local_world_size() >= self.world_size()
@@ -168,15 +173,15 @@ def read_port(environ: Mapping[str, str], name: str) -> int:
 
 
 def port_from_job_id(job_id: str) -> int:
-    """A port every process of a job computes alike: ``PORT_BASE`` + the last four digits of the job id.
+    """A port every process of a job computes alike: ``PORT_BASE`` + the last four digits of the job number.
 
-    Slurm's ``12345678`` gives 15000 + 5678 = 20678; a PBS id such as ``4242.pbs-server`` uses its
-    digits (4242). An id without digits (a PMIx namespace name, say) is hashed with CRC-32, which,
-    unlike Python's ``hash``, is the same in every process.
+    The job number is the first run of digits: Slurm's ``12345678`` gives 15000 + 5678 = 20678, PBS's
+    ``8812.pbs01`` gives 15000 + 8812. An id without digits is hashed with CRC-32, which, unlike
+    Python's ``hash``, is the same in every process.
     """
-    digits = "".join(ch for ch in job_id if ch.isdigit())
-    if digits:
-        return PORT_BASE + int(digits[-4:])
+    match = re.search(r"\d+", job_id)
+    if match:
+        return PORT_BASE + int(match.group()[-4:])
     return PORT_BASE + zlib.crc32(job_id.encode()) % 10000
 
 
@@ -210,7 +215,7 @@ def consistency_warnings(env: ClusterEnvironment) -> list[str]:
         if local_size > size:
             warnings.append(f"{env.name}: local world size {local_size} is larger than the world size "
                             f"{size}. HINT: LOCAL_WORLD_SIZE counts processes on this node only.")
-        elif size % local_size:
+        elif size % local_size and env.node_rank_is_derived():
             warnings.append(f"{env.name}: local world size {local_size} does not divide world size {size}: "
                             "nodes run different numbers of processes, so node ranks derived from it are "
                             "guesses. HINT: start the same number of processes on every node.")

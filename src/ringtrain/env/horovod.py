@@ -57,6 +57,9 @@ class HorovodEnvironment(ClusterEnvironment):
         """The cross rank: hosts are filled in order, so it is the host index on homogeneous jobs."""
         return self.cross_rank()
 
+    def node_rank_is_derived(self) -> bool:
+        return "HOROVOD_CROSS_RANK" not in self.environ
+
     def num_nodes(self) -> int:
         """The cross size: the number of hosts (exact for local rank 0, or when homogeneous)."""
         return self.cross_size()

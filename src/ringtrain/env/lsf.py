@@ -55,6 +55,9 @@ class LsfEnvironment(ClusterEnvironment):
             return read_int(self.environ, "JSM_NAMESPACE_LOCAL_SIZE")
         return max(1, -(-self.world_size() // self.num_nodes()))
 
+    def node_rank_is_derived(self) -> bool:
+        return not self.environ.get("LSB_DJOB_RANKFILE")
+
     def num_nodes(self) -> int:
         return len(self.compute_hosts()) or 1
 

@@ -94,6 +94,9 @@ class MpiEnvironment(ClusterEnvironment):
         name = self._first(self.node_rank_vars)
         return read_int(self.environ, name) if name else super().node_rank()
 
+    def node_rank_is_derived(self) -> bool:
+        return self._first(self.node_rank_vars) is None
+
     def num_nodes(self) -> int:
         name = self._first(self.num_nodes_vars)
         return read_int(self.environ, name) if name else super().num_nodes()

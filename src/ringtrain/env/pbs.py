@@ -127,6 +127,9 @@ class PbsEnvironment(ClusterEnvironment):
             return 0
         return [h for h, _ in self.hosts()].index(self.slots()[self._my_slot()])
 
+    def node_rank_is_derived(self) -> bool:
+        return False
+
     def num_nodes(self) -> int:
         return len(self.hosts()) if self.is_task else 1
 

@@ -167,6 +167,9 @@ class SlurmEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return read_int(self.environ, "SLURM_NODEID", 0)
 
+    def node_rank_is_derived(self) -> bool:
+        return False
+
     def num_nodes(self) -> int:
         for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
             if name in self.environ:

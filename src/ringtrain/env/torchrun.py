@@ -38,6 +38,9 @@ class EnvVarsEnvironment(ClusterEnvironment):
                 return read_int(self.environ, name)
         return super().node_rank()
 
+    def node_rank_is_derived(self) -> bool:
+        return "GROUP_RANK" not in self.environ and "NODE_RANK" not in self.environ
+
     def num_nodes(self) -> int:
         if "GROUP_WORLD_SIZE" in self.environ:
             return read_int(self.environ, "GROUP_WORLD_SIZE")
