@@ -1,0 +1,47 @@
+"""examples/horovod_cifar10_resnet.py on CIFAR-10 batches in the real pickle layout: it trains (fp16
+allreduce, two batches per allreduce, warm-up), writes a checkpoint per epoch from rank 0 and
+resumes from the newest one."""
+
+import re
+
+import pytest
+import torch
+
+from tests.examples.cifar_batches import write_cifar10
+from tests.examples.launch import explain, run_example
+
+# Small batches and a low rate: 160 images, 3 optimizer steps per epoch, BatchNorm on 16 images.
+COMMON = ["--data-dir", "data", "--batch-size", "16", "--batches-per-allreduce", "2", "--fp16-allreduce",
+          "--base-lr", "0.005", "--warmup-epochs", "1", "--log-dir", "logs",
+          "--checkpoint-format", "ckpt/checkpoint-{epoch}.pth.tar"]
+
+
+def _train_losses(text: str) -> dict[int, float]:
+    return {int(e): float(x) for e, x in re.findall(r"^epoch (\d+) train: loss ([\d.]+)", text, flags=re.M)}
+
+
+@pytest.mark.slow
+def test_trains_checkpoints_and_resumes(tmp_path) -> None:
+    write_cifar10(tmp_path / "data", per_batch=32, test_size=64)
+
+    first = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "2"], cwd=tmp_path)
+    assert first.returncode == 0, explain(first)
+    losses = _train_losses(first.stdout)
+    assert sorted(losses) == [1, 2], explain(first)
+    assert "2 workers, global batch 64, 160 training images" in first.stdout, explain(first)
+    written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert written == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
+    checkpoint = torch.load(tmp_path / "ckpt" / "checkpoint-2.pth.tar")
+    assert checkpoint["epoch"] == 2
+    assert set(checkpoint) == {"model", "optimizer", "epoch"}
+    assert list((tmp_path / "logs").glob("events.out.tfevents.*")), "rank 0 wrote no TensorBoard events"
+
+    second = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "3", "--resume"], cwd=tmp_path)
+    assert second.returncode == 0, explain(second)
+    assert "resumed from checkpoint of epoch 2" in second.stdout, explain(second)
+    resumed = _train_losses(second.stdout)
+    assert sorted(resumed) == [3], explain(second)
+    # The third epoch starts from the trained weights: it ends below where training began.
+    assert resumed[3] < losses[1], (losses, resumed)
+    assert (tmp_path / "ckpt" / "checkpoint-3.pth.tar").exists()
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
