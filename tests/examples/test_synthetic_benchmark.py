@@ -1,0 +1,39 @@
+"""examples/synthetic_benchmark.py: timed rounds after warm-up, per-device and total img/sec."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.examples.launch import EXAMPLES, explain, run_example
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "extra"), [("mnist-cnn", ["--fp16-allreduce"]), ("resnet18", [])])
+def test_reports_throughput(model: str, extra: list[str]) -> None:
+    args = ["--model", model, "--batch-size", "4", "--num-warmup-batches", "2", "--num-batches-per-iter", "2",
+            "--num-iters", "3", *extra]
+    result = run_example("synthetic_benchmark.py", args)
+    assert result.returncode == 0, explain(result)
+    out = result.stdout
+    assert f"Model: {model}" in out, explain(result)
+    assert "Number of CPUs: 2" in out, explain(result)
+    # warm-up comes before any timed round, and there are exactly --num-iters rounds
+    assert out.index("Running warmup...") < out.index("Running benchmark...") < out.index("Iter #0")
+    rounds = [float(x) for x in re.findall(r"^Iter #\d: ([\d.]+) img/sec per CPU$", out, flags=re.M)]
+    assert len(rounds) == 3, explain(result)
+    per_device = re.search(r"^Img/sec per CPU: ([\d.]+) \+-([\d.]+)$", out, flags=re.M)
+    total = re.search(r"^Total img/sec on 2 CPU\(s\): ([\d.]+) \+-([\d.]+)$", out, flags=re.M)
+    assert per_device, explain(result)
+    assert total, explain(result)
+    assert float(per_device[1]) == pytest.approx(sum(rounds) / 3, abs=0.1)
+    assert float(total[1]) == pytest.approx(2 * float(per_device[1]), abs=0.2)
+
+
+def test_unknown_model_is_a_usage_error() -> None:
+    result = subprocess.run([sys.executable, str(EXAMPLES / "synthetic_benchmark.py"), "--model", "resnet50"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "invalid choice: 'resnet50'" in result.stderr
+    assert "resnet18" in result.stderr
