@@ -1,0 +1,84 @@
+"""Gradient compression for allreduce: cast floating tensors to a 16-bit type on the wire.
+
+``Compression.none``, ``Compression.fp16`` and ``Compression.bf16`` are classes with two static
+methods, as in Horovod: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
+Only floating-point tensors are cast; integer tensors pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Compressor:
+    """Interface: compress a tensor before a collective and restore it afterwards."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Return the tensor to send and the context ``decompress`` needs."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Undo ``compress`` on the reduced tensor."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Send tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Return the tensor unchanged (ctx is None)."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Return the tensor unchanged."""
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    """Cast floating tensors to ``wire_dtype``; ctx is the original dtype."""
+
+    wire_dtype: torch.dtype = torch.float16
+
+    @classmethod
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # type: ignore[override]
+        """Cast a floating tensor to the wire dtype; other tensors pass through."""
+        dtype = tensor.dtype
+        if dtype.is_floating_point and dtype != cls.wire_dtype:
+            return tensor.to(cls.wire_dtype), dtype
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Cast back to the original floating dtype."""
+        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
+            return tensor.to(ctx)
+        return tensor
+
+
+class FP16Compressor(_CastCompressor):
+    """Send floating tensors as float16 (halves the bytes; about 3 significant digits survive)."""
+
+    wire_dtype = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Send floating tensors as bfloat16 (float32's range, about 2 significant digits)."""
+
+    wire_dtype = torch.bfloat16
+
+
+class Compression:
+    """The available compressors: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
+
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

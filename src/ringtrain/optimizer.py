@@ -1,0 +1,347 @@
+"""``DistributedOptimizer``: wrap any torch optimizer so gradients are averaged across ranks.
+
+Each parameter gets a post-accumulate-grad hook. When its gradient is final for this step (after
+``backward_passes_per_step`` backward passes), the hook submits a named, asynchronous, in-place
+allreduce, so communication of late layers overlaps backward computation of early ones.
+``step()`` waits for the handles (``synchronize()``) and then runs the wrapped optimizer's step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ringtrain import mpi_ops
+from ringtrain.compression import Compression, Compressor
+from ringtrain.functions import broadcast_object
+from ringtrain.process_sets import ProcessSet, global_process_set
+
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call "
+                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                   "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+_STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                    "your code.")
+
+
+def _duplicates(names: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    dups: list[str] = []
+    for name in names:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen.add(name)
+    return dups
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """The methods grafted onto a dynamic subclass of the user's optimizer class.
+
+    Never instantiated directly: ``DistributedOptimizer`` builds ``type(name, (UserClass,), ...)``
+    from this class's namespace, so base-class calls go through ``self._ringtrain_base``.
+    """
+
+    _ringtrain_base: type[torch.optim.Optimizer]
+
+    def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
+                 backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
+                 groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
+        self._ringtrain_base.__init__(self, params)
+        self._compression = compression
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", p)
+                                for i, group in enumerate(self.param_groups)
+                                for j, p in enumerate(group["params"])]
+        if any(not isinstance(item, tuple) for item in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        dups = _duplicates(name for name, _ in named_parameters)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                             + ", ".join(dups))
+        all_ids = {id(p) for group in self.param_groups for p in group["params"]}
+        named_ids = {id(p) for _, p in named_parameters}
+        unnamed = all_ids - named_ids
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not "
+                             "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
+        if backward_passes_per_step <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+
+        self._parameter_names: dict[torch.Tensor, str] = {p: name for name, p in sorted(named_parameters,
+                                                                                     key=lambda t: t[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        if op == mpi_ops.Average:
+            self._prescale = 1.0 / gradient_predivide_factor
+            self._postscale = gradient_predivide_factor
+        else:
+            self._prescale = self._postscale = 1.0
+        # handle per parameter for this step: (handle or None, compression ctx)
+        self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
+        self._allreduce_delay: dict[torch.Tensor, int] = {}
+        self._requires_update: set[torch.Tensor] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles: list[Any] = []
+        self._groups: list[list[torch.Tensor]] | None = None
+        self._group_of: dict[torch.Tensor, int] = {}
+        self._group_pending: list[int] = []
+        self._group_handles: dict[int, tuple[Any, list[Any]]] = {}
+
+        communicate = process_set.included() and (
+            mpi_ops.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        if communicate:
+            self._set_groups(groups)
+            self._register_hooks()
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _set_groups(self, groups: Any) -> None:
+        if groups is None:
+            return
+        trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if isinstance(groups, int):
+            # Every rank must split the same ordered list: take rank 0's order of names.
+            local = {self._parameter_names[p]: p for p in trainable}
+            order = broadcast_object([self._parameter_names[p] for p in trainable], 0,
+                                     name="DistributedOptimizer.groups", process_set=self.process_set)
+            ordered = [local[name] for name in order if name in local]
+            chunk = -(-len(ordered) // groups)
+            split = [ordered[i:i + chunk] for i in range(0, len(ordered), chunk)]
+        else:
+            split = [list(g) for g in groups]
+        self._groups = [g for g in split if g]
+        for index, members in enumerate(self._groups):
+            for p in members:
+                self._group_of[p] = index
+        self._group_pending = [len(g) for g in self._groups]
+
+    def _register_hooks(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                self._requires_update.add(p)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+
+    # --- communication -----------------------------------------------------------------------
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: p.grad is final for this backward pass."""
+        entry = self._handles.get(p)
+        if entry is not None and entry[0] is not None and self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        if p.grad is None or p.grad.requires_grad:
+            return
+        delay = self._allreduce_delay[p] - 1
+        self._allreduce_delay[p] = delay
+        if delay > 0:
+            self._handles[p] = (None, None)
+            return
+        if self._groups is not None and p in self._group_of:
+            self._handles[p] = (None, None)
+            index = self._group_of[p]
+            self._group_pending[index] -= 1
+            if self._group_pending[index] == 0:
+                self._submit_group(index)
+            return
+        self._handles[p] = self._submit(p)
+
+    def _submit(self, p: torch.Tensor) -> tuple[Any, Any]:
+        """Start the allreduce of p.grad; returns (handle, ctx)."""
+        name = self._parameter_names.get(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if self.sparse_as_dense:
+                grad = grad.to_dense()
+            else:
+                return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op,
+                                                      process_set=self.process_set), None
+        compressed, ctx = self._compression.compress(grad)
+        handle = mpi_ops.allreduce_async_(compressed, name=name, op=self.op,
+                                          prescale_factor=self._prescale,
+                                          postscale_factor=self._postscale,
+                                          process_set=self.process_set)
+        return handle, (ctx, compressed, grad)
+
+    def _submit_group(self, index: int) -> None:
+        members = self._groups[index]
+        for p in members:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in members]
+        packed = [self._compression.compress(g) for g in grads]
+        handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=f"group.{index}", op=self.op,
+                                                  prescale_factor=self._prescale,
+                                                  postscale_factor=self._postscale,
+                                                  process_set=self.process_set)
+        self._group_handles[index] = (handle, [(ctx, t, g) for (t, ctx), g in zip(packed, grads)])
+        for p in members:
+            self._handles[p] = (None, None)
+
+    @staticmethod
+    def _write_back(p: torch.Tensor, output: torch.Tensor, ctx: Any, compression: type[Compressor]) -> None:
+        if ctx is None:  # sparse allreduce: output is a sparse tensor
+            if p.grad.is_sparse:
+                p.grad.zero_().add_(output)
+            else:
+                p.grad.copy_(output.to_dense())
+            return
+        wire_ctx, sent, grad = ctx
+        result = compression.decompress(output, wire_ctx)
+        if p.grad.is_sparse:
+            p.grad.zero_().add_(result.to_sparse())
+        elif result.data_ptr() != p.grad.data_ptr():
+            p.grad.copy_(result)
+
+    def synchronize(self) -> None:
+        """Wait for every gradient allreduce of this step and write the results into ``p.grad``.
+
+        Parameters whose gradient never arrived on this rank (unused in its forward pass) are
+        allreduced now, with zeros if they have no gradient, so the other ranks are not left waiting.
+        """
+        if not self.process_set.included() or not self._requires_update:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            entry = self._handles.get(p)
+            if (entry is None or entry[0] is None) and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self._groups is not None:
+            for index in range(len(self._groups)):
+                if index not in self._group_handles:
+                    self._submit_group(index)
+        for p in self._requires_update:
+            if p in self._group_of:
+                continue
+            entry = self._handles.get(p)
+            if entry is None or entry[0] is None:
+                self._handles[p] = self._submit(p)
+        compression = self._compression
+        for p, (handle, ctx) in self._handles.items():
+            if handle is None:
+                continue
+            output = handle() if callable(handle) else mpi_ops.synchronize(handle)
+            self._write_back(p, output, ctx, compression)
+        for index, (handle, entries) in self._group_handles.items():
+            outputs = mpi_ops.synchronize(handle)
+            for p, output, ctx in zip(self._groups[index], outputs, entries):
+                self._write_back(p, output, ctx, compression)
+        self._reset_step()
+        self._synchronized = True
+
+    def _reset_step(self) -> None:
+        self._handles.clear()
+        self._group_handles.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        if self._groups is not None:
+            self._group_pending = [len(g) for g in self._groups]
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Let ``step()`` skip its ``synchronize()``: use after calling ``synchronize()`` yourself
+        (e.g. to unscale or clip gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Average the gradients (unless inside ``skip_synchronize()``), then step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(_STEP_AFTER_SYNC, UserWarning, stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return self._ringtrain_base.step(self, closure)
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        """Zero the gradients; refused while allreduces of this step are still pending."""
+        if self._handles:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return self._ringtrain_base.zero_grad(self, *args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Load optimizer state and forget any half-finished step."""
+        self._reset_step()
+        self._synchronized = False
+        self._should_synchronize = True
+        return self._ringtrain_base.load_state_dict(self, *args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated locally before each allreduce."""
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+
+_GRAFTED = {name: value for name, value in vars(_DistributedOptimizer).items()
+            if name not in ("__dict__", "__weakref__", "__annotations__", "__doc__", "__module__")}
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                         op: int = mpi_ops.Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over the process set.
+
+    Returns an instance of a new subclass of ``type(optimizer)`` (``isinstance`` still holds; LR
+    schedulers and GradScaler work) built from ``optimizer.param_groups``; the wrapped optimizer's
+    existing ``state`` is not carried over. ``named_parameters`` (usually
+    ``model.named_parameters()``) names each allreduce; ``compression`` casts gradients on the wire;
+    ``backward_passes_per_step`` accumulates that many backward passes locally before communicating;
+    ``gradient_predivide_factor`` splits the averaging into a division before and after the sum;
+    ``groups`` (an int, or lists of parameters) allreduces parameters in atomic groups.
+    """
+    if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        if not (isinstance(groups, list) or isinstance(groups, int) and groups > 0):
+            raise ValueError("groups should be a non-negative integer or a list of lists of torch.Tensor.")
+        if isinstance(groups, list):
+            seen: set[int] = set()
+            for group in groups:
+                for p in group:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups must consist of torch.Tensor.")
+                    if id(p) in seen:
+                        raise ValueError("A parameter can only appear once in groups.")
+                    seen.add(id(p))
+    if op == mpi_ops.Adasum and mpi_ops.size() > 1:
+        raise NotImplementedError(
+            "op=Adasum is not implemented by ringtrain (Horovod supports it only with MPI builds). "
+            "HINT: use op=hvd.Average (the default) or hvd.Sum.")
+    base = type(optimizer)
+    namespace = dict(_GRAFTED)
+    namespace["_ringtrain_base"] = base
+    namespace["_ringtrain_base_step"] = base.step
+    namespace["__module__"] = base.__module__
+    namespace["__doc__"] = base.__doc__
+    cls = type(base.__name__, (base,), namespace)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
+
+
+__all__ = ["DistributedOptimizer"]
