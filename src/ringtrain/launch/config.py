@@ -167,7 +167,7 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     env: dict[str, str] = {}
     for spec in TUNING_FLAGS:
         value = getattr(args, spec.dest, None)
-        if value is None or value is False:
+        if value is None or (value is False and spec.kind != "bool"):
             continue
         if spec.kind == "true":
             env[spec.variable] = "1"

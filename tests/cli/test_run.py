@@ -1,0 +1,249 @@
+"""``ringtrain run``: flag parsing (both spellings, env variables), bad input, and real local launches."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.main import main
+from ringtrain.cli.run import add_run_arguments
+from ringtrain.launch.config import config_from_args
+from ringtrain.launch.shim import SHIM_DIR
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "launch" / "scripts"
+REPORT_ENV = str(SCRIPTS / "report_env.py")
+
+
+def parse(argv, environ=None):
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, environ=environ or {})
+    return config_from_args(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize(("argv", "field", "value"), [
+    (["-np", "4"], "num_proc", 4),
+    (["--num-proc", "4"], "num_proc", 4),
+    (["--num_proc", "4"], "num_proc", 4),
+    (["-p", "2222"], "ssh_port", 2222),
+    (["--ssh_port", "2222"], "ssh_port", 2222),
+    (["-i", "/k"], "ssh_identity_file", "/k"),
+    (["--start-timeout", "5"], "start_timeout", 5.0),
+    (["--output-filename", "out"], "output_filename", "out"),
+    (["--verbose"], "verbose", True),
+    (["-cb"], "check_build", True),
+    (["--nnodes", "1:3"], "nnodes", (1, 3)),
+    (["--nnodes", "2"], "nnodes", (2, 2)),
+    (["--nproc-per-node", "3"], "nproc_per_node", 3),
+    (["--nproc_per_node", "3"], "nproc_per_node", 3),
+    (["--nproc-per-node", "cpu"], "nproc_per_node", os.cpu_count()),
+    (["--node-rank", "1"], "node_rank", 1),
+    (["--node_rank", "1"], "node_rank", 1),
+    (["--rdzv-backend", "c10d"], "rdzv_backend", "c10d"),
+    (["--rdzv_endpoint", "h:1"], "rdzv_endpoint", "h:1"),
+    (["--rdzv-id", "job"], "rdzv_id", "job"),
+    (["--standalone"], "standalone", True),
+    (["--max-restarts", "2"], "max_restarts", 2),
+    (["--master-addr", "h"], "master_addr", "h"),
+    (["--master_port", "1234"], "master_port", 1234),
+    (["--no-horovod-shim"], "horovod_shim", False),
+    (["--network-interfaces", "eth0,eth1"], "network_interfaces", ("eth0", "eth1")),
+])
+def test_flags(argv, field, value):
+    assert getattr(parse([*argv, "python", "x.py"]), field) == value
+
+
+@pytest.mark.parametrize(("argv", "variable", "value"), [
+    (["--fusion-threshold-mb", "32"], "HOROVOD_FUSION_THRESHOLD", str(32 * 1024 * 1024)),
+    (["--cycle-time-ms", "2.5"], "HOROVOD_CYCLE_TIME", "2.5"),
+    (["--cache-capacity", "0"], "HOROVOD_CACHE_CAPACITY", "0"),
+    (["--timeline-filename", "t.json"], "HOROVOD_TIMELINE", "t.json"),
+    (["--timeline-mark-cycles"], "HOROVOD_TIMELINE_MARK_CYCLES", "1"),
+    (["--no-stall-check"], "HOROVOD_STALL_CHECK_DISABLE", "1"),
+    (["--stall-check-warning-time-seconds", "9"], "HOROVOD_STALL_CHECK_TIME_SECONDS", "9"),
+    (["--stall-check-shutdown-time-seconds", "9"], "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "9"),
+    (["--gloo-timeout-seconds", "90"], "HOROVOD_GLOO_TIMEOUT_SECONDS", "90"),
+    (["--hierarchical-allreduce"], "HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+    (["--no-hierarchical-allreduce"], "HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+    (["--autotune"], "HOROVOD_AUTOTUNE", "1"),
+    (["--log-level", "DEBUG"], "HOROVOD_LOG_LEVEL", "DEBUG"),
+    (["--network-interfaces", "eth0,eth1"], "GLOO_SOCKET_IFNAME", "eth0,eth1"),
+    (["--network-interfaces", "eth0,eth1"], "NCCL_SOCKET_IFNAME", "eth0,eth1"),
+    (["--start-timeout", "45"], "HOROVOD_START_TIMEOUT", "45"),
+    (["--tcp"], "NCCL_IB_DISABLE", "1"),
+])
+def test_tuning_flags_set_worker_variables(argv, variable, value):
+    assert parse([*argv, "python", "x.py"]).worker_env[variable] == value
+
+
+@pytest.mark.parametrize(("environ", "field", "value"), [
+    ({"RINGTRAIN_NPROC_PER_NODE": "3"}, "nproc_per_node", 3),
+    ({"RINGTRAIN_NUM_PROC": "2"}, "num_proc", 2),
+    ({"RINGTRAIN_VERBOSE": "1"}, "verbose", True),
+    ({"RINGTRAIN_NO_HOROVOD_SHIM": "true"}, "horovod_shim", False),
+    ({"RINGTRAIN_HOSTS": "a:2"}, "hosts", parse(["-H", "a:2", "x"]).hosts),
+    ({"RINGTRAIN_START_TIMEOUT": "7"}, "start_timeout", 7.0),
+])
+def test_environment_variables_set_flags(environ, field, value):
+    assert getattr(parse(["python", "x.py"], environ), field) == value
+
+
+def test_command_line_wins_over_environment():
+    assert parse(["-np", "4", "python", "x.py"], {"RINGTRAIN_NUM_PROC": "2"}).num_proc == 4
+
+
+def test_command_keeps_its_own_flags():
+    command = parse(["-np", "2", "python", "x.py", "-np", "--lr", "1"]).command
+    assert command == ("python", "x.py", "-np", "--lr", "1")
+
+
+def run_cli(argv, capsys):
+    code = main(["run", *argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--bogus-flag", "python", "x.py"], "unrecognized arguments"),
+    (["-np", "0", "python", "x.py"], "-np 0 must be at least 1"),
+    (["--cycle-time-ms", "-1", "python", "x.py"], "must be >= 0"),
+    (["-np", "5", "-H", "localhost:2", "python", "x.py"], "more processes than the 2 slots"),
+    (["-H", "localhost", "python", "x.py"], "not of the form host:slots"),
+    (["--hostfile", "/nonexistent/ringtrain-hosts", "python", "x.py"], "does not exist"),
+    (["-np", "1", "ringtrain-no-such-command-xyz"], "command not found"),
+    (["-np", "1", "python", "no_such_script_xyz.py"], "script not found"),
+    (["-np", "1"], "no command to run"),
+])
+def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
+    try:
+        code, err = run_cli(argv, capsys)
+    except SystemExit as exc:  # argparse errors
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_malformed_hostfile_exits_2(tmp_path, capsys):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=two\n")
+    code, err = run_cli(["--hostfile", str(hostfile), "python", "x.py"], capsys)
+    assert code == 2
+    assert "line 1" in err
+
+
+def test_unreachable_host_exits_2_within_start_timeout(capsys):
+    code, err = run_cli(["-H", "localhost:1,ringtrain-unreachable.invalid:1", "--start-timeout", "5",
+                         sys.executable, REPORT_ENV, "."], capsys)
+    assert code == 2
+    assert "host ringtrain-unreachable.invalid unreachable over ssh within 5 s" in err
+
+
+def test_master_port_in_use_exits_2(capsys):
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code, err = run_cli(["-np", "1", "--master-port", str(port), sys.executable, REPORT_ENV, "."], capsys)
+    assert code == 2
+    assert f"master port {port} is already in use" in err
+
+
+def test_check_build(capsys):
+    assert main(["run", "-cb"]) == 0
+    assert "[X] Gloo" in capsys.readouterr().out
+
+
+def read_ranks(folder: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_local_ranks_get_torch_and_horovod_variables(nproc, tmp_path, capsys):
+    argv = ["-np", str(nproc), "python", REPORT_ENV, str(tmp_path)]
+    if nproc == 2:
+        argv = ["--nproc-per-node", "2", "--output-filename", str(tmp_path / "logs"), "python", REPORT_ENV,
+                str(tmp_path)]
+    assert main(["run", *argv]) == 0
+    ranks = read_ranks(tmp_path)
+    assert sorted(ranks) == list(range(nproc))
+    for rank, env in ranks.items():
+        assert env["RANK"] == env["HOROVOD_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["HOROVOD_SIZE"] == str(nproc)
+        assert env["LOCAL_RANK"] == env["HOROVOD_LOCAL_RANK"] == str(rank)
+        assert env["HOROVOD_LOCAL_SIZE"] == str(nproc)
+        assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
+        assert env["HOROVOD_CONTROLLER"] == "gloo"
+        assert env["PYTHONUNBUFFERED"] == "1"
+    out = capsys.readouterr().out
+    assert "[0] hello from rank 0" in out
+    if nproc == 2:
+        for rank in range(2):
+            assert (tmp_path / "logs" / f"rank.{rank}" / "stdout").read_text() == f"hello from rank {rank}\n"
+
+
+def test_failing_rank_is_reported_once_as_root_cause(tmp_path, capsys):
+    code = main(["run", "-np", "2", REPORT_ENV, str(tmp_path), "fail"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("Root cause") == 1
+    assert "rank       : 1" in err
+    assert "exit code 1" in err
+    assert "ValueError: rank one gives up" in err
+
+
+def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):
+    # Two "hosts" that are both this machine: one agent each, joined by the static rendezvous.
+    code = main(["run", "-H", "localhost:2,127.0.0.1:1", sys.executable, REPORT_ENV, str(tmp_path), "fail"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("Root cause") == 1
+    assert "rank       : 1 of 3" in err
+    ranks = read_ranks(tmp_path)
+    assert sorted(ranks) == [0, 1, 2]
+    assert [(ranks[r]["HOROVOD_HOSTNAME"], ranks[r]["HOROVOD_LOCAL_RANK"], ranks[r]["HOROVOD_CROSS_RANK"],
+             ranks[r]["HOROVOD_CROSS_SIZE"]) for r in range(3)] == [
+        ("localhost", "0", "0", "2"), ("localhost", "1", "0", "1"), ("127.0.0.1", "0", "1", "2")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fp:
+            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("hosts", [None, "localhost:1,127.0.0.1:1"])
+def test_sigterm_to_the_launcher_leaves_no_process(hosts, tmp_path):
+    argv = ["-np", "2"] if hosts is None else ["-H", hosts]
+    proc = subprocess.Popen([sys.executable, "-m", "ringtrain", "run", *argv, sys.executable, REPORT_ENV,
+                             str(tmp_path), "sleep"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(read_ranks(tmp_path)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    pids = [env["pid"] for env in read_ranks(tmp_path).values()]
+    assert len(pids) == 2, proc.stderr.read().decode() if proc.poll() is not None else "ranks did not start"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) != 0
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.skipif(not (SHIM_DIR / "horovod").is_dir(), reason="the horovod shim package is not there yet")
+def test_unmodified_horovod_script_runs_through_the_shim(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "python",
+                             str(SCRIPTS / "hvd_shim.py"), str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(p.read_text() for p in tmp_path.glob("*.txt"))
+    assert lines == ["0 2 0 3.0", "1 2 1 3.0"]

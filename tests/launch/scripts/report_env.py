@@ -1,0 +1,19 @@
+"""Worker for launcher tests: write this rank's environment to OUT/<RANK>.json; optionally fail or sleep."""
+
+import json
+import os
+import sys
+import time
+
+out = sys.argv[1]
+mode = sys.argv[2] if len(sys.argv) > 2 else ""
+rank = os.environ["RANK"]
+prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_")
+keys = [k for k in os.environ if k.startswith(prefixes)]
+with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+    json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid()}, fp)
+print(f"hello from rank {rank}", flush=True)
+if mode == "fail" and rank == "1":
+    raise ValueError("rank one gives up")
+if mode == "sleep":
+    time.sleep(600)

@@ -1,0 +1,80 @@
+"""Where ranks go under Slurm, PBS, hosts and torchrun flags (no processes)."""
+
+import argparse
+
+import pytest
+
+from ringtrain.cli.errors import UsageError
+from ringtrain.cli.run import add_run_arguments
+from ringtrain.launch.config import config_from_args
+from ringtrain.launch.hosts import HostSlots
+from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
+
+
+def config(*argv):
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, environ={})
+    return config_from_args(parser.parse_args([*argv, "python", "x.py"]))
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "123456", "SLURM_NNODES": "2", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
+              "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1",
+              "SLURM_JOB_NODELIST": "node[07-08]"}
+
+
+def test_plain_local_run():
+    plan = resolve_plan(config("-np", "3"), {})
+    assert isinstance(plan, NodePlan)
+    assert plan.local_only
+    assert plan.nproc == 3
+
+
+def test_srun_step_one_task_per_node():
+    plan = resolve_plan(config("-np", "8"), SLURM_STEP)
+    assert isinstance(plan, NodePlan)
+    assert (plan.nproc, plan.node_rank, plan.max_nodes) == (4, 1, 2)
+    assert plan.rdzv_endpoint == "node07:18456"
+
+
+def test_explicit_master_wins_under_srun():
+    plan = resolve_plan(config("--nproc-per-node", "2", "--master-port", "4000"),
+                        {**SLURM_STEP, "MASTER_ADDR": "head"})
+    assert plan.rdzv_endpoint == "head:4000"
+    assert plan.nproc == 2
+
+
+def test_srun_with_many_tasks_per_node_is_refused():
+    with pytest.raises(UsageError, match="--ntasks-per-node=1"):
+        resolve_plan(config(), {**SLURM_STEP, "SLURM_STEP_NUM_TASKS": "8"})
+
+
+def test_batch_script_relaunches_through_srun():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4"}
+    assert resolve_plan(config(), env) == SrunPlan(nnodes=2, nproc_per_node=4)
+
+
+def test_np_must_divide_over_slurm_nodes():
+    with pytest.raises(UsageError, match="does not divide"):
+        resolve_plan(config("-np", "3"), {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2"})
+
+
+def test_pbs_nodefile_gives_hosts(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n1\nn1\nn2\nn2\n")
+    plan = resolve_plan(config(), {"PBS_JOBID": "1.server", "PBS_NODEFILE": str(nodefile)})
+    assert plan == HostsPlan((HostSlots("n1", 2), HostSlots("n2", 2)), 4, "PBS_NODEFILE")
+
+
+def test_explicit_hosts_win_over_allocation():
+    plan = resolve_plan(config("-H", "a:1"), SLURM_STEP)
+    assert isinstance(plan, HostsPlan)
+    assert plan.hosts == (HostSlots("a", 1),)
+
+
+def test_torchrun_node_flags():
+    plan = resolve_plan(config("--nnodes", "2", "--node-rank", "1", "--nproc_per_node", "3",
+                               "--rdzv-endpoint", "h0:29400"), {})
+    assert isinstance(plan, NodePlan)
+    assert (plan.nproc, plan.node_rank, plan.rdzv_backend, plan.rdzv_endpoint) == (3, 1, "static", "h0:29400")
+    elastic = resolve_plan(config("--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h0:1"), {})
+    assert (elastic.min_nodes, elastic.max_nodes, elastic.rdzv_backend) == (1, 4, "c10d")
