@@ -1,0 +1,48 @@
+"""ringtrain under Open MPI's mpirun: ranks come from OMPI_COMM_WORLD_*, rendezvous on this host."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.system import (
+    clean_env,
+    ringtrain_argv,
+    skip_unless_collectives,
+    skip_unless_commands,
+)
+from tests.ranks import free_port
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).with_name("allreduce_script.py")
+
+
+def _mpirun(np: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    skip_unless_commands("mpirun")
+    skip_unless_collectives()
+    # Root in CI: Open MPI refuses without both variables. --oversubscribe: more ranks than cores.
+    # MASTER_PORT only keeps concurrent test sessions apart; the address must come from ringtrain.
+    env = clean_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                     "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "MASTER_PORT": str(free_port())})
+    return subprocess.run(["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", *argv],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_mpirun_allreduce_script_gets_ranks_from_open_mpi() -> None:
+    result = _mpirun(3, [sys.executable, str(SCRIPT)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r} of 3 local {r} env openmpi sum 3" for r in range(3)], result.stdout
+
+
+def test_mpirun_check_passes() -> None:
+    result = _mpirun(2, ringtrain_argv("check", "--sizes", "4K,64K", "--iterations", "2", "--timeout", "240"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        assert f"hello from rank {rank} of 2 (host " in result.stdout
+    assert "environment: openmpi, 2 rank(s)" in result.stdout
+    assert "all checks passed on 2 rank(s)" in result.stdout
