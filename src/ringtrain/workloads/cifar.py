@@ -34,6 +34,8 @@ LAYOUTS = ("cifar-10-batches-py", "cifar10/cifar-10-batches-py")
 # The only globals a genuine batch refers to: numpy's array reconstruction (under its numpy 1 and
 # numpy 2 module names). Anything else would let a planted file run code when unpickled.
 _ALLOWED = {
+    # Python 3 writes byte strings under protocol 2 as _codecs.encode calls (harmless)
+    ("_codecs", "encode"),
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy", "ndarray"),
