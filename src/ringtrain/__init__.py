@@ -1,6 +1,78 @@
 """ringtrain: data-parallel training for PyTorch.
 
 ``import ringtrain as hvd`` gives Horovod's ``horovod.torch`` API, rebuilt on ``torch.distributed``.
+
+The API names are resolved on first use (PEP 562), so ``import ringtrain`` stays cheap for the
+command line and for subpackages such as ``ringtrain.env`` that do not need torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# name -> module that defines it (a module path alone means the name is that submodule)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys((
+        # lifecycle / topology
+        "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank",
+        "cross_rank", "is_homogeneous",
+        # build / runtime queries
+        "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+        "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+        # reduce ops
+        "Average", "Sum", "Adasum", "Min", "Max", "Product",
+        # collectives
+        "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+        "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "sparse_allreduce_async",
+        "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+        "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
+        "alltoall", "alltoall_async",
+        "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+        "join", "barrier", "poll", "synchronize",
+        "start_timeline", "stop_timeline",
+    ), "ringtrain.mpi_ops"),
+    **dict.fromkeys(("ProcessSet", "global_process_set", "add_process_set", "remove_process_set"),
+                    "ringtrain.process_sets"),
+    **dict.fromkeys(("broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+                     "allgather_object"), "ringtrain.functions"),
+    "DistributedOptimizer": "ringtrain.optimizer",
+    "Compression": "ringtrain.compression",
+    "SyncBatchNorm": "ringtrain.sync_batch_norm",
+    "HorovodInternalError": "ringtrain.exceptions",
+    "elastic": "ringtrain.elastic",
+}
+
+
+def run(*args: Any, **kwargs: Any) -> Any:
+    """Run ``func(*args)`` on ``np`` new processes and return their results (``horovod.run``).
+
+    Same arguments as ``horovod.run(func, args=(), kwargs=None, num_proc=..., hosts=..., ...)``; the
+    launcher lives in :mod:`ringtrain.launch.api`.
+    """
+    try:
+        api = importlib.import_module("ringtrain.launch.api")
+    except ImportError as exc:
+        raise NotImplementedError("ringtrain.run is not available in this build (ringtrain.launch.api is "
+                                  "missing). HINT: start the script with `ringtrain run -np N python "
+                                  "script.py` instead.") from exc
+    return api.run(*args, **kwargs)
+
+
+__all__ = sorted([*_EXPORTS, "run"])
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ringtrain' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"ringtrain.{name}" else getattr(module, name)
+    globals()[name] = value  # cache: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
