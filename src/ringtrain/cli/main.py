@@ -18,6 +18,8 @@ from ringtrain.cli.errors import UsageError
 COMMANDS: tuple[str, ...] = (
     "run",
     "check",
+    "env",
+    "script",
 )
 
 
