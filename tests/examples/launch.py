@@ -1,12 +1,15 @@
-"""Run an example script on real ranks, the way a user would, and capture what it printed.
+"""Run an example script on real ranks, the way a user would, and read what it printed.
 
-Examples are launched with torchrun's module (``python -m torch.distributed.run --standalone``),
-which every PyTorch install has; each rank gets one thread and gloo pinned to loopback.
+Examples start under ``ringtrain run -np N python examples/<script>`` (the project's launcher, which
+prefixes each output line with ``[rank] ``) or under torchrun's module
+(``python -m torch.distributed.run --standalone``); each rank gets one thread and gloo on loopback.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -15,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SHARED_DATA = ROOT / ".." / "shared" / "data"
+LAUNCHERS = ("ringtrain", "torchrun")
 
 
 def example_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -25,20 +29,63 @@ def example_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def torchrun_command(script: str, args: Sequence[str] = (), nproc: int = 2) -> list[str]:
+def launch_command(script: str, args: Sequence[str] = (), nproc: int = 2,
+                   launcher: str = "ringtrain") -> list[str]:
     """The command line that starts ``examples/<script>`` on ``nproc`` local ranks."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            str(EXAMPLES / script), *args]
+    path = str(EXAMPLES / script)
+    if launcher == "ringtrain":
+        return [sys.executable, "-m", "ringtrain", "run", "-np", str(nproc), sys.executable, path, *args]
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                path, *args]
+    raise ValueError(f"launcher={launcher!r} is not one of {LAUNCHERS}")
 
 
-def run_example(script: str, args: Sequence[str] = (), nproc: int = 2, timeout: float = 300.0,
-                cwd: Path | None = None,
+def run_example(script: str, args: Sequence[str] = (), nproc: int = 2, launcher: str = "ringtrain",
+                timeout: float = 300.0, cwd: Path | None = None,
                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``examples/<script>`` on ``nproc`` ranks; stdout and stderr come back as text."""
-    return subprocess.run(torchrun_command(script, args, nproc), cwd=cwd or ROOT, env=example_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(launch_command(script, args, nproc, launcher), cwd=cwd or ROOT,
+                          env=example_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def unprefixed(text: str) -> str:
+    """``text`` without the ``[rank] `` that ``ringtrain run`` puts before each worker line."""
+    return re.sub(r"^\[\d+\] ", "", text, flags=re.M)
 
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:
     """Both streams of a finished run, for assertion messages."""
     return f"exit code {result.returncode}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux ``/proc``), children before grandchildren."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # the command name may hold spaces and parentheses: the fields after the last ')' are fixed
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process it started, as a crashed node would go.
+
+    torchrun's agent puts each worker in its own session, so killing the launcher's process group
+    would leave the workers running: they are found through their parents first.
+    """
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)

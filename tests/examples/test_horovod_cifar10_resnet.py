@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.examples.cifar_batches import write_cifar10
-from tests.examples.launch import explain, run_example
+from tests.examples.launch import explain, run_example, unprefixed
 
 # Small batches and a low rate: 160 images, 3 optimizer steps per epoch, BatchNorm on 16 images.
 COMMON = ["--data-dir", "data", "--batch-size", "16", "--batches-per-allreduce", "2", "--fp16-allreduce",
@@ -26,7 +26,7 @@ def test_trains_checkpoints_and_resumes(tmp_path) -> None:
 
     first = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "2"], cwd=tmp_path)
     assert first.returncode == 0, explain(first)
-    losses = _train_losses(first.stdout)
+    losses = _train_losses(unprefixed(first.stdout))
     assert sorted(losses) == [1, 2], explain(first)
     assert "2 workers, global batch 64, 160 training images" in first.stdout, explain(first)
     written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
@@ -39,7 +39,7 @@ def test_trains_checkpoints_and_resumes(tmp_path) -> None:
     second = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "3", "--resume"], cwd=tmp_path)
     assert second.returncode == 0, explain(second)
     assert "resumed from checkpoint of epoch 2" in second.stdout, explain(second)
-    resumed = _train_losses(second.stdout)
+    resumed = _train_losses(unprefixed(second.stdout))
     assert sorted(resumed) == [3], explain(second)
     # The third epoch starts from the trained weights: it ends below where training began.
     assert resumed[3] < losses[1], (losses, resumed)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.examples.launch import SHARED_DATA, explain, run_example
+from tests.examples.launch import SHARED_DATA, explain, run_example, unprefixed
 
 MOVIELENS = SHARED_DATA / "movielens"
 
@@ -17,10 +17,11 @@ def test_beats_the_global_mean_baseline() -> None:
     assert result.returncode == 0, explain(result)
     assert "2 workers, 80669 training and 20167 test ratings, 610 users, 9724 movies" in result.stdout, \
         explain(result)
-    train = [float(x) for x in re.findall(r"train RMSE ([\d.]+)", result.stdout)]
+    out = unprefixed(result.stdout)
+    train = [float(x) for x in re.findall(r"train RMSE ([\d.]+)", out)]
     assert len(train) == 2, explain(result)
     assert train[1] < train[0], explain(result)
-    final = re.search(r"^test RMSE ([\d.]+), global-mean baseline ([\d.]+)$", result.stdout, flags=re.M)
+    final = re.search(r"^test RMSE ([\d.]+), global-mean baseline ([\d.]+)$", out, flags=re.M)
     assert final, explain(result)
     test_rmse, baseline = float(final[1]), float(final[2])
     # Always guessing the mean is about 1.04 stars off on this split; a working model is clearly better.

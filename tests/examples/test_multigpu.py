@@ -1,23 +1,20 @@
 """examples/multigpu.py: killed after a snapshot, the same command line resumes where it stopped."""
 
-import os
 import re
-import signal
 import subprocess
 
 import pytest
 import torch
 
-from tests.examples.launch import example_env, explain, run_example, torchrun_command
+from tests.examples.launch import example_env, explain, kill_tree, launch_command, run_example, unprefixed
 
 ARGS = ["6", "2", "--subset", "1024", "--snapshot-path", "snap/snapshot.pt"]
 
 
-def _run_until_snapshot(cwd, marker: str, timeout: float = 240.0) -> str:
+def _run_until_snapshot(cwd, marker: str) -> str:
     """Start the script, read its output until ``marker``, then kill the whole process tree."""
-    proc = subprocess.Popen(torchrun_command("multigpu.py", ARGS), cwd=cwd, env=example_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(launch_command("multigpu.py", ARGS), cwd=cwd, env=example_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in proc.stdout:
@@ -26,9 +23,8 @@ def _run_until_snapshot(cwd, marker: str, timeout: float = 240.0) -> str:
                 break
     finally:
         # SIGKILL, as a crashed node or a pre-empted job would: no chance to clean up.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
-    return "".join(seen)
+        kill_tree(proc)
+    return unprefixed("".join(seen))
 
 
 def _epochs(text: str) -> list[int]:
@@ -42,15 +38,18 @@ def _losses(text: str) -> list[float]:
 @pytest.mark.slow
 def test_killed_run_resumes_from_its_snapshot(tmp_path) -> None:
     first = _run_until_snapshot(tmp_path, "Epoch 1 | Training snapshot saved")
-    assert _epochs(first) == [0, 1], first
+    assert _epochs(first)[:2] == [0, 1], first
     snapshot = tmp_path / "snap" / "snapshot.pt"
-    assert torch.load(snapshot)["EPOCHS_RUN"] == 2
+    # Output reaches us a little late: the workers may have saved once more before the kill landed.
+    saved = torch.load(snapshot)["EPOCHS_RUN"]
+    assert saved in (2, 4), first
 
     second = run_example("multigpu.py", ARGS, cwd=tmp_path)
     assert second.returncode == 0, explain(second)
-    assert "Resuming training from snapshot at Epoch 2" in second.stdout, explain(second)
+    out = unprefixed(second.stdout)
+    assert f"Resuming training from snapshot at Epoch {saved}" in out, explain(second)
     # No epoch is repeated or skipped, and training goes on from the trained weights, not from scratch.
-    assert _epochs(second.stdout) == [2, 3, 4, 5], explain(second)
-    assert _losses(second.stdout)[0] < _losses(first)[0], (first, second.stdout)
+    assert _epochs(out) == list(range(saved, 6)), explain(second)
+    assert _losses(out)[0] < _losses(first)[0], (first, out)
     assert torch.load(snapshot)["EPOCHS_RUN"] == 6
     assert sorted(p.name for p in snapshot.parent.iterdir()) == ["snapshot.pt"]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.examples.launch import EXAMPLES, explain, run_example
+from tests.examples.launch import EXAMPLES, explain, run_example, unprefixed
 
 
 @pytest.mark.slow
@@ -16,7 +16,7 @@ def test_reports_throughput(model: str, extra: list[str]) -> None:
             "--num-iters", "3", *extra]
     result = run_example("synthetic_benchmark.py", args)
     assert result.returncode == 0, explain(result)
-    out = result.stdout
+    out = unprefixed(result.stdout)
     assert f"Model: {model}" in out, explain(result)
     assert "Number of CPUs: 2" in out, explain(result)
     # warm-up comes before any timed round, and there are exactly --num-iters rounds
