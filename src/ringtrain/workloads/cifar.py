@@ -40,6 +40,9 @@ _ALLOWED = {
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
+    # pickle protocol 5 rebuilds arrays from a buffer
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
 }
 
 
@@ -92,10 +95,10 @@ def load_split(source: DataSource, names: tuple[str, ...]) -> TensorPairDataset:
     return TensorPairDataset(_normalise(images), torch.from_numpy(labels), CLASSES)
 
 
-def fetch(folder: Path, mirrors: tuple[str, ...] = MIRRORS, progress: bool = True) -> None:
+def fetch(folder: Path, mirrors: tuple[str, ...] = MIRRORS, md5: str = ARCHIVE_MD5,
+          progress: bool = True) -> None:
     """Download the archive next to ``folder`` (md5 verified) and unpack its batches into ``folder``."""
-    archive = download_file([m + ARCHIVE for m in mirrors], folder.parent / ARCHIVE, ARCHIVE_MD5,
-                            progress=progress)
+    archive = download_file([m + ARCHIVE for m in mirrors], folder.parent / ARCHIVE, md5, progress=progress)
     with tarfile.open(archive, "r:gz") as tar:
         # the archive holds cifar-10-batches-py/...; unpack only those regular files, flattened
         for member in tar.getmembers():
@@ -114,8 +117,9 @@ class Cifar10Workload(Workload):
     defaults = Defaults(epochs=30, batch_size=128, lr=0.1, optimizer="sgd", momentum=0.9, weight_decay=5e-4)
     architectures = {"resnet18": resnet18_cifar}
 
-    def __init__(self, mirrors: tuple[str, ...] = MIRRORS) -> None:
+    def __init__(self, mirrors: tuple[str, ...] = MIRRORS, md5: str = ARCHIVE_MD5) -> None:
         self.mirrors = mirrors
+        self.md5 = md5
         self.source: DataSource | None = None
 
     def datasets(
@@ -134,7 +138,7 @@ class Cifar10Workload(Workload):
             data_dir=data_dir,
             cache_dir=cache_dir,
             download=download,
-            fetch=lambda folder: fetch(folder, self.mirrors),
+            fetch=lambda folder: fetch(folder, self.mirrors, self.md5),
         )
         train = load_split(self.source, TRAIN_BATCHES)
         test = load_split(self.source, (TEST_BATCH,))
