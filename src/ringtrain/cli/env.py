@@ -47,7 +47,7 @@ def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "variables": env.source_variables(),
         "placement": None,
         "error": None,
-        "warnings": env.validate(),
+        "warnings": list(dict.fromkeys(env.validate())),
     }
     try:
         result["placement"] = dataclasses.asdict(env.placement())

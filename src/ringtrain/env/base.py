@@ -199,7 +199,8 @@ def consistency_warnings(env: ClusterEnvironment) -> list[str]:
         try:
             values[name] = getattr(env, name)()
         except EnvironmentError_ as exc:
-            warnings.append(str(exc))
+            if str(exc) not in warnings:  # getters built on the same variable fail alike
+                warnings.append(str(exc))
     size, rank = values.get("world_size"), values.get("global_rank")
     local_size, local_rank = values.get("local_world_size"), values.get("local_rank")
     if isinstance(size, int) and size < 1:
