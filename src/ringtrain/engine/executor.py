@@ -1,0 +1,247 @@
+"""Running agreed responses on the data process groups, identically ordered on every rank.
+
+Gloo has no AVERAGE: an average is a SUM followed by scaling with 1/set size. Scaling follows
+Horovod's CPU numerics: integers are scaled in float64 and truncated toward zero, half precision is
+scaled in float32. Allgather, broadcast and alltoall move raw bytes (``view(torch.uint8)``) so that
+every dtype works whatever the backend supports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.engine.requests import AVERAGE, MAX, MIN, PRODUCT, OpType, Request, Response, dtype_from_name
+
+_REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
+_INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+_HALF = {torch.float16, torch.bfloat16}
+#: Dtypes gloo cannot reduce, and the wider type used on the wire instead.
+_WIRE_DTYPE = {torch.int16: torch.int32}
+
+
+@dataclass
+class SetGroups:
+    """The data groups of one process set on this process (None where this process is not a member)."""
+
+    set_id: int
+    ranks: list[int]
+    gloo: Any
+    make_nccl: Callable[[], Any]
+    nccl: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, device: int) -> Any:
+        if device < 0:
+            return self.gloo
+        if self.nccl is None:
+            # Created lazily, at the same point of the agreed order on every member.
+            self.nccl = self.make_nccl()
+        return self.nccl
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """Multiply in place with Horovod's per-dtype numerics."""
+    if factor == 1.0 or tensor.numel() == 0:
+        return
+    if tensor.dtype in _INTEGER:
+        tensor.copy_((tensor.to(torch.float64) * factor).trunc())
+    elif tensor.dtype in _HALF:
+        tensor.copy_(tensor.to(torch.float32) * factor)
+    elif tensor.dtype == torch.bool:
+        tensor.copy_(tensor.to(torch.float64) * factor != 0)
+    else:
+        tensor.mul_(factor)
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _device(meta_device: int) -> torch.device:
+    return torch.device("cpu") if meta_device < 0 else torch.device("cuda", meta_device)
+
+
+def _wait(work: Any, device: int) -> None:
+    work.wait()
+    if device >= 0:
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _wait_inputs(requests: list[Request | None]) -> None:
+    for request in requests:
+        if request is not None and request.ready_events:
+            for event in request.ready_events:
+                torch.cuda.current_stream(event.device).wait_event(event)
+
+
+def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroups) -> None:
+    """One (possibly fused) allreduce over the set; joined ranks contribute zeros."""
+    ref = batch[0][0].reference
+    dtype = dtype_from_name(ref.dtypes[0])
+    device = _device(ref.device)
+    _wait_inputs([req for _, req in batch])
+    single = len(batch) == 1 and len(ref.shapes) == 1 and batch[0][1] is not None
+    if single:
+        request = batch[0][1]
+        assert request is not None
+        out = request.outputs[0]
+        if out is None:
+            out = request.outputs[0] = torch.empty_like(request.inputs[0])
+        if out is not request.inputs[0]:
+            out.copy_(request.inputs[0])
+        buffer = out.reshape(-1)
+    else:
+        total = sum(math.prod(shape) for response, _ in batch for shape in response.reference.shapes)
+        buffer = torch.empty(total, dtype=dtype, device=device)
+        offset = 0
+        for response, request in batch:
+            for i, shape in enumerate(response.reference.shapes):
+                n = math.prod(shape)
+                if request is None:
+                    buffer[offset : offset + n].zero_()
+                else:
+                    buffer[offset : offset + n].copy_(request.inputs[i].reshape(-1))
+                offset += n
+    scale_(buffer, ref.prescale)
+    wire = buffer.to(_WIRE_DTYPE[dtype]) if dtype in _WIRE_DTYPE else buffer
+    if wire.numel() > 0:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
+        _wait(groups.group(ref.device).allreduce([wire], opts), ref.device)
+    if wire is not buffer:
+        buffer.copy_(wire)
+    post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
+    scale_(buffer, post)
+    if single:
+        return
+    offset = 0
+    for response, request in batch:
+        for i, shape in enumerate(response.reference.shapes):
+            n = math.prod(shape)
+            if request is not None:
+                out = request.outputs[i]
+                if out is None:
+                    out = request.outputs[i] = torch.empty_like(request.inputs[i])
+                out.reshape(-1).copy_(buffer[offset : offset + n])
+            offset += n
+
+
+def run_allgather(response: Response, request: Request, groups: SetGroups) -> None:
+    """Concatenate along dim 0 in set order; ranks may have different first dimensions."""
+    _wait_inputs([request])
+    pg = groups.group(response.reference.device)
+    for i, tensor in enumerate(request.inputs):
+        rows = [response.metas[r].shapes[i][0] for r in groups.ranks]
+        row_shape = tuple(tensor.shape[1:])
+        row_bytes = math.prod(row_shape) * tensor.element_size()
+        width = max(rows) * row_bytes
+        out = torch.empty((sum(rows), *row_shape), dtype=tensor.dtype, device=tensor.device)
+        if width > 0:
+            send = torch.zeros(width, dtype=torch.uint8, device=tensor.device)
+            send[: tensor.numel() * tensor.element_size()].copy_(_bytes(tensor))
+            recv = [torch.empty(width, dtype=torch.uint8, device=tensor.device) for _ in groups.ranks]
+            _wait(pg.allgather([recv], [send]), response.reference.device)
+            out_bytes = _bytes(out)
+            offset = 0
+            for count, chunk in zip(rows, recv):
+                out_bytes[offset : offset + count * row_bytes].copy_(chunk[: count * row_bytes])
+                offset += count * row_bytes
+        request.outputs[i] = out
+
+
+def run_broadcast(response: Response, request: Request, groups: SetGroups) -> None:
+    """Everyone gets the root's tensor (root given as a global rank)."""
+    _wait_inputs([request])
+    ref = response.reference
+    root = groups.ranks.index(ref.root)
+    pg = groups.group(ref.device)
+    for i, tensor in enumerate(request.inputs):
+        out = request.outputs[i]
+        if out is None:
+            out = request.outputs[i] = tensor.clone()
+        elif out is not tensor:
+            out.copy_(tensor)
+        if out.numel() == 0:
+            continue
+        payload = _bytes(out)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        _wait(pg.broadcast([payload], opts), ref.device)
+
+
+def run_alltoall(response: Response, request: Request, groups: SetGroups) -> None:
+    """Scatter rows by ``splits``; also produces ``received_splits``."""
+    _wait_inputs([request])
+    tensor = request.inputs[0]
+    my_rank_in_set = groups.extra["set_rank"]
+    send_splits = list(request.meta.splits or ())
+    recv_splits = [response.metas[r].splits[my_rank_in_set] for r in groups.ranks]  # type: ignore[index]
+    row_shape = tuple(tensor.shape[1:])
+    row_bytes = math.prod(row_shape) * tensor.element_size()
+    out = torch.empty((sum(recv_splits), *row_shape), dtype=tensor.dtype, device=tensor.device)
+    if row_bytes > 0 and (sum(recv_splits) > 0 or sum(send_splits) > 0):
+        send = _bytes(tensor)[: sum(send_splits) * row_bytes]
+        _wait(
+            groups.group(response.reference.device).alltoall_base(
+                _bytes(out),
+                send,
+                [s * row_bytes for s in recv_splits],
+                [s * row_bytes for s in send_splits],
+                dist.AllToAllOptions(),
+            ),
+            response.reference.device,
+        )
+    request.outputs[0] = out
+    request.extra["received_splits"] = recv_splits
+
+
+def reducescatter_rows(dim0: int, set_size: int) -> list[int]:
+    """Horovod's uneven split: the first ``dim0 % n`` ranks get one extra row."""
+    base, extra = divmod(dim0, set_size)
+    return [base + (1 if i < extra else 0) for i in range(set_size)]
+
+
+def run_reducescatter(response: Response, request: Request, groups: SetGroups) -> None:
+    """Reduce everything (allreduce), then keep this rank's rows."""
+    _wait_inputs([request])
+    ref = response.reference
+    n = len(groups.ranks)
+    me = groups.extra["set_rank"]
+    for i, tensor in enumerate(request.inputs):
+        buffer = tensor.clone()
+        scale_(buffer, ref.prescale)
+        wire = buffer.to(_WIRE_DTYPE[buffer.dtype]) if buffer.dtype in _WIRE_DTYPE else buffer
+        if wire.numel() > 0:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            _wait(groups.group(ref.device).allreduce([wire], opts), ref.device)
+        if wire is not buffer:
+            buffer.copy_(wire)
+        rows = reducescatter_rows(tensor.shape[0], n)
+        start = sum(rows[:me])
+        out = buffer[start : start + rows[me]].clone()
+        scale_(out, ref.postscale / n if ref.reduce_op == AVERAGE else ref.postscale)
+        request.outputs[i] = out
+
+
+def run_single(response: Response, request: Request, groups: SetGroups) -> None:
+    """Dispatch a non-fused response."""
+    if response.op == OpType.ALLGATHER:
+        run_allgather(response, request, groups)
+    elif response.op == OpType.BROADCAST:
+        run_broadcast(response, request, groups)
+    elif response.op == OpType.ALLTOALL:
+        run_alltoall(response, request, groups)
+    elif response.op == OpType.REDUCESCATTER:
+        run_reducescatter(response, request, groups)
+    elif response.op == OpType.ALLREDUCE:
+        run_allreduce([(response, request)], groups)
+    else:
+        raise AssertionError(f"not a data op: {response.op}")

@@ -1,0 +1,152 @@
+"""Negotiation: the per-round wire format and the deterministic agreement checks.
+
+Each round every rank contributes one int32 vector to a single SUM-allreduce on the control group::
+
+    [payload_len_0, flags_0, payload_len_1, flags_1, ..., bit_slot_0, bit_slot_1, ...]
+
+Rank ``r`` writes only its own two header entries, so the sum carries every rank's values; the slot
+part counts, per response-cache slot, how many ranks have that cached name pending. Only when some
+rank has new (uncached) requests does the round add one allgather of pickled metadata. Every rank then
+runs the same decision code on the same replicated data, so no coordinator broadcast is needed.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+
+from ringtrain.engine.requests import REDUCE_OP_NAMES, OpType, RequestMeta
+
+FLAG_JOINED = 1
+FLAG_SHUTDOWN = 2
+FLAG_PENDING = 4
+
+HEADER_WIDTH = 2
+
+
+def build_vector(
+    world_size: int, rank: int, num_slots: int, payload_len: int, flags: int, slots: list[int]
+) -> torch.Tensor:
+    """This rank's contribution to the round allreduce."""
+    vector = torch.zeros(HEADER_WIDTH * world_size + num_slots, dtype=torch.int32)
+    vector[HEADER_WIDTH * rank] = payload_len
+    vector[HEADER_WIDTH * rank + 1] = flags
+    if slots:
+        vector[torch.tensor(slots, dtype=torch.long) + HEADER_WIDTH * world_size] = 1
+    return vector
+
+
+def encode_payload(payload: dict[str, Any]) -> bytes:
+    return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_payload(data: bytes) -> dict[str, Any]:
+    return pickle.loads(data)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def check_agreement(metas: dict[int, RequestMeta]) -> str | None:
+    """Horovod's coordinator checks: the error message, or None when all ranks agree."""
+    ranks = sorted(metas)
+    first = metas[ranks[0]]
+    op = first.op
+    opname = op.name
+    for rank in ranks:
+        meta = metas[rank]
+        if meta.op != op:
+            return f"Mismatched operations: One rank did an {opname}, but another rank did an {meta.op.name}."
+        if len(meta.names) != len(first.names):
+            return (
+                f"Mismatched group sizes: One rank submitted {len(first.names)} tensors, but another "
+                f"rank submitted {len(meta.names)} tensors for {first.key}."
+            )
+    if op in (OpType.BARRIER, OpType.PROCESS_SET_ADD, OpType.PROCESS_SET_REMOVE):
+        for rank in ranks:
+            if metas[rank].payload != first.payload:
+                return (
+                    f"Mismatched {opname} arguments: One rank passed {first.payload}, but another rank "
+                    f"passed {metas[rank].payload}."
+                )
+        return None
+    for rank in ranks:
+        meta = metas[rank]
+        for a, b in zip(first.dtypes, meta.dtypes):
+            if a != b:
+                return f"Mismatched data types: One rank had type {a}, but another rank had type {b}."
+    for rank in ranks:
+        meta = metas[rank]
+        if (meta.device >= 0) != (first.device >= 0):
+            return (
+                f"Mismatched {opname} CPU/GPU device selection: One rank specified device "
+                f"{'CPU' if first.device < 0 else 'GPU'}, but another rank specified device "
+                f"{'CPU' if meta.device < 0 else 'GPU'}."
+            )
+    if op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
+        for rank in ranks:
+            meta = metas[rank]
+            if meta.reduce_op != first.reduce_op:
+                return (
+                    f"Mismatched reduction operation: One rank had op "
+                    f"{REDUCE_OP_NAMES.get(first.reduce_op, first.reduce_op)}, but another rank had op "
+                    f"{REDUCE_OP_NAMES.get(meta.reduce_op, meta.reduce_op)}."
+                )
+            if (meta.prescale, meta.postscale) != (first.prescale, first.postscale):
+                return (
+                    f"Mismatched prescale and/or postscale factors: One rank sent factors "
+                    f"({first.prescale}, {first.postscale}), but another rank sent factors "
+                    f"({meta.prescale}, {meta.postscale})."
+                )
+    if op in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER):
+        for rank in ranks:
+            for a, b in zip(first.shapes, metas[rank].shapes):
+                if a != b:
+                    return (
+                        f"Mismatched {opname} tensor shapes: One rank sent a tensor of shape {_shape(a)}, "
+                        f"but another rank sent a tensor of shape {_shape(b)}."
+                    )
+    if op == OpType.BROADCAST:
+        for rank in ranks:
+            if metas[rank].root != first.root:
+                return (
+                    f"Mismatched BROADCAST root ranks: One rank specified root rank {first.root}, but "
+                    f"another rank specified root rank {metas[rank].root}."
+                )
+    if op in (OpType.ALLGATHER, OpType.ALLTOALL, OpType.REDUCESCATTER):
+        for rank in ranks:
+            for shape in metas[rank].shapes:
+                if len(shape) == 0:
+                    return f"Process-set rank zero tried to {opname} a rank-zero tensor."
+    if op in (OpType.ALLGATHER, OpType.ALLTOALL):
+        for rank in ranks:
+            for a, b in zip(first.shapes, metas[rank].shapes):
+                if len(a) != len(b):
+                    return (
+                        f"Mismatched {opname} tensor shapes: One rank sent a tensor of rank {len(a)}, but "
+                        f"another rank sent a tensor of rank {len(b)}."
+                    )
+                for dim in range(1, len(a)):
+                    if a[dim] != b[dim]:
+                        return (
+                            f"Mismatched {opname} tensor shapes: One rank sent a tensor with dimension "
+                            f"{dim} equal to {a[dim]}, but another rank sent a tensor with dimension {dim} "
+                            f"equal to {b[dim]}."
+                        )
+    if op == OpType.ALLTOALL:
+        for rank in ranks:
+            splits = metas[rank].splits
+            if splits is None or len(splits) != len(ranks):
+                return "Number of entries in splits does not equal number of workers."
+    return None
+
+
+def join_error(op: OpType) -> str:
+    """Horovod's message for a non-allreduce op while some rank has joined."""
+    return (
+        f"{op.title} is not supported with Join at this time. "
+        "HINT: only allreduce may run while a rank is inside hvd.join()."
+    )

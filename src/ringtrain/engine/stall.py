@@ -1,0 +1,86 @@
+"""Stall inspector: rank 0 names the ranks that keep everyone waiting.
+
+Ranks report the names they have had pending for a while (piggy-backed on negotiation rounds); rank 0
+combines the reports with the replicated table of uncached requests and logs Horovod's warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ringtrain.engine.store import env_seconds
+
+log = logging.getLogger("ringtrain.engine.stall")
+
+
+class StallInspector:
+    """Tracks how long names wait and warns (rank 0) once they wait longer than the check time."""
+
+    def __init__(self) -> None:
+        self.disabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "").lower() in ("1", "true", "yes")
+        self.check_time = env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
+        self.shutdown_time = env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        if self.shutdown_time and self.shutdown_time <= self.check_time:
+            # Horovod only honours a shutdown time that exceeds the warning time.
+            self.shutdown_time = 0.0
+        self._last_report = 0.0
+        self._last_warning = 0.0
+        #: rank -> {name: first time rank 0 heard about it}
+        self.reports: dict[int, dict[str, float]] = {}
+
+    def should_report(self, oldest_pending_age: float) -> bool:
+        """Whether this rank should send its pending names with the next round."""
+        if self.disabled or oldest_pending_age < self.check_time / 2:
+            return False
+        now = time.monotonic()
+        if now - self._last_report < max(0.2, self.check_time / 4):
+            return False
+        self._last_report = now
+        return True
+
+    def record_report(self, rank: int, names: list[str]) -> None:
+        now = time.monotonic()
+        old = self.reports.get(rank, {})
+        self.reports[rank] = {name: old.get(name, now) for name in names}
+
+    def forget(self, name: str) -> None:
+        for names in self.reports.values():
+            names.pop(name, None)
+
+    def check(self, waiting: dict[str, tuple[float, set[int], list[int]]]) -> bool:
+        """Warn about names waiting longer than the check time.
+
+        ``waiting`` maps name -> (first seen, ranks that submitted it, ranks expected). Returns True
+        when the stall shutdown time has passed.
+        """
+        if self.disabled:
+            return False
+        now = time.monotonic()
+        for rank, names in self.reports.items():
+            for name, first in names.items():
+                seen, submitted, expected = waiting.get(name, (first, set(), []))
+                waiting[name] = (min(seen, first), submitted | {rank}, expected)
+        stalled = {name: v for name, v in waiting.items() if now - v[0] >= self.check_time and v[2]}
+        if not stalled:
+            return False
+        if now - self._last_warning >= self.check_time:
+            self._last_warning = now
+            missing: dict[int, list[str]] = {}
+            for name, (_, submitted, expected) in sorted(stalled.items()):
+                for rank in expected:
+                    if rank not in submitted:
+                        missing.setdefault(rank, []).append(name)
+            if missing:
+                lines = "\n".join(f"{rank}: [{', '.join(names)}]" for rank, names in sorted(missing.items()))
+                log.warning(
+                    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                    "ranks and are waiting for remainder of ranks for more than %d seconds. This may "
+                    "indicate that different ranks are trying to submit different tensors or that only "
+                    "subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n%s",
+                    int(self.check_time),
+                    lines,
+                )
+        oldest = min(v[0] for v in stalled.values())
+        return bool(self.shutdown_time) and now - oldest >= self.shutdown_time
