@@ -73,7 +73,9 @@ def patched_environ(updates: Mapping[str, str]) -> Iterator[None]:
 @contextlib.contextmanager
 def quiet_torch_logs(verbose: bool) -> Iterator[None]:
     """The agent logs every failure itself; we report once, so its loggers stay quiet unless --verbose."""
-    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    # torch gives each of its elastic loggers its own level, so every existing child is set too.
+    names = [name for name in logging.Logger.manager.loggerDict if name.startswith(_TORCH_LOGGERS)]
+    loggers = [logging.getLogger(name) for name in {*_TORCH_LOGGERS, *names}]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.INFO if verbose else logging.CRITICAL)
