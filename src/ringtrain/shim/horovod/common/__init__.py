@@ -1,0 +1,1 @@
+"""``horovod.common``: framework-independent pieces, served by ringtrain."""
