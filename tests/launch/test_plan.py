@@ -19,7 +19,7 @@ def config(*argv):
 
 SLURM_STEP = {"SLURM_JOB_ID": "123456", "SLURM_NNODES": "2", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
               "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1",
-              "SLURM_JOB_NODELIST": "node[07-08]"}
+              "SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "node[07-08]"}
 
 
 def test_plain_local_run():
@@ -48,9 +48,20 @@ def test_srun_with_many_tasks_per_node_is_refused():
         resolve_plan(config(), {**SLURM_STEP, "SLURM_STEP_NUM_TASKS": "8"})
 
 
-def test_batch_script_relaunches_through_srun():
-    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4"}
+@pytest.mark.parametrize("step", [None, "batch", "4294967294"])
+def test_batch_script_relaunches_through_srun(step):
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "4(x2)"}
+    if step:
+        env.update(SLURM_STEP_ID=step, SLURM_PROCID="0")
     assert resolve_plan(config(), env) == SrunPlan(nnodes=2, nproc_per_node=4)
+
+
+def test_single_node_srun_step_uses_a_local_free_port():
+    env = {**SLURM_STEP, "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1",
+           "SLURM_NODEID": "0"}
+    plan = resolve_plan(config("-np", "2"), env)
+    assert plan.local_only
+    assert plan.nproc == 2
 
 
 def test_np_must_divide_over_slurm_nodes():

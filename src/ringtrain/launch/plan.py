@@ -8,13 +8,15 @@ MASTER_ADDR/MASTER_PORT win over addresses derived from an allocation.
 
 from __future__ import annotations
 
-import re
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ringtrain.cli.errors import UsageError
+from ringtrain.env.base import EnvironmentError_, port_from_job_id
+from ringtrain.env.pbs import hosts_from_nodefile
+from ringtrain.env.slurm import expand_nodelist, parse_tasks_per_node
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 
@@ -52,6 +54,9 @@ class SrunPlan:
 
 
 Plan = NodePlan | HostsPlan | SrunPlan
+
+_NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive", "4294967291", "4294967292", "4294967293",
+                             "4294967294", "4294967295"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -93,53 +98,32 @@ def _per_node(config: LaunchConfig, nnodes: int, fallback: int, where: str) -> i
 def _slurm_nodelist(environ: Mapping[str, str]) -> list[str]:
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") \
         or environ.get("SLURM_NODELIST", "")
-    try:
-        from ringtrain.env.slurm import expand_nodelist  # engineer C's parser
-    except ImportError:
-        expand_nodelist = _expand_nodelist
-    return list(expand_nodelist(nodelist))
-
-
-def _expand_nodelist(nodelist: str) -> list[str]:
-    # Used only until ringtrain.env.slurm exists: 'a[01-03,7],b' -> a01 a02 a03 a7 b.
-    hosts: list[str] = []
-    for prefix, body, suffix in re.findall(r"([^,\[]+)(?:\[([^\]]*)\])?([^,\[]*)", nodelist):
-        if not body:
-            hosts.append(prefix + suffix)
-            continue
-        for part in body.split(","):
-            lo, _, hi = part.partition("-")
-            if hi:
-                hosts += [f"{prefix}{str(i).zfill(len(lo))}{suffix}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                hosts.append(prefix + lo + suffix)
-    return [h for h in hosts if h]
+    return expand_nodelist(nodelist) if nodelist else []
 
 
 def _tasks_per_node(environ: Mapping[str, str]) -> int | None:
     text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
-    match = re.match(r"^(\d+)", text)
-    return int(match.group(1)) if match else None
+    try:
+        counts = parse_tasks_per_node(text) if text else []
+    except EnvironmentError_:
+        return None
+    return max(counts) if counts else None
+
+
+def _in_srun_step(environ: Mapping[str, str]) -> bool:
+    # The batch script and interactive shells have step ids too (names, or the 0xFFFFFFFx sentinels).
+    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
 
 
 def _pbs_hosts(environ: Mapping[str, str]) -> tuple[HostSlots, ...]:
     path = environ["PBS_NODEFILE"]
     try:
-        from ringtrain.env.pbs import hosts_from_nodefile  # engineer C's reader
-
-        raw = hosts_from_nodefile(path)
-    except ImportError:
-        with open(path) as fp:
-            raw = [line.strip() for line in fp if line.strip()]
+        entries = hosts_from_nodefile(path)
     except OSError as exc:
         raise UsageError(f"PBS_NODEFILE {path!r} cannot be read: {exc}. HINT: run inside the PBS job, or "
                          "pass the hosts with -H.") from None
-    counts: dict[str, int] = {}
-    for entry in raw:
-        host = entry if isinstance(entry, str) else entry[0]
-        slots = 1 if isinstance(entry, str) else int(entry[1])
-        counts[host] = counts.get(host, 0) + slots
-    return tuple(HostSlots(h, s) for h, s in counts.items())
+    return tuple(HostSlots(host, slots) for host, slots in entries)
 
 
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
@@ -171,7 +155,7 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
     if "SLURM_JOB_ID" in environ and "SLURM_NNODES" in environ:
         nnodes = int(environ["SLURM_NNODES"])
-        if "SLURM_STEP_ID" in environ and environ.get("SLURM_STEP_ID") not in ("", "4294967294"):
+        if _in_srun_step(environ):
             ntasks = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or nnodes)
             step_nodes = int(environ.get("SLURM_STEP_NUM_NODES") or nnodes)
             if ntasks != step_nodes:
@@ -179,17 +163,22 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
                                  "nodes; it starts the ranks of a node itself. HINT: use srun "
                                  "--ntasks-per-node=1 ringtrain run ..., or call ringtrain run from the "
                                  "batch script without srun.")
+            job = environ["SLURM_JOB_ID"]
+            per_node = _per_node(config, step_nodes, 1, "the Slurm step")
+            if step_nodes == 1:  # one node: a free local port beats a port derived from the job id
+                return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
+                                rdzv_endpoint="", run_id=run_id, local_only=True,
+                                source="slurm step (one node)")
             hosts = _slurm_nodelist(environ)
             addr = config.master_addr or environ.get("MASTER_ADDR") or (hosts[0] if hosts else None)
             if addr is None:
                 raise UsageError("SLURM_JOB_NODELIST is empty, so node 0 is unknown. "
                                  "HINT: pass --master-addr.")
-            job = environ["SLURM_JOB_ID"]
-            port = config.master_port or int(environ.get("MASTER_PORT") or 15000 + int(job[-4:] or 0) % 10000)
-            return NodePlan(nproc=_per_node(config, step_nodes, 1, "the Slurm step"),
-                            node_rank=int(environ.get("SLURM_NODEID", "0")), min_nodes=step_nodes,
-                            max_nodes=step_nodes, rdzv_backend="static", rdzv_endpoint=f"{addr}:{port}",
-                            run_id=config.rdzv_id or f"slurm-{job}", source="slurm")
+            port = config.master_port or int(environ.get("MASTER_PORT") or port_from_job_id(job))
+            return NodePlan(nproc=per_node, node_rank=int(environ.get("SLURM_NODEID", "0")),
+                            min_nodes=step_nodes, max_nodes=step_nodes, rdzv_backend="static",
+                            rdzv_endpoint=f"{addr}:{port}", run_id=config.rdzv_id or f"slurm-{job}",
+                            source="slurm step")
         per_node = _per_node(config, nnodes, _tasks_per_node(environ) or 1, "the Slurm allocation")
         if nnodes > 1:
             return SrunPlan(nnodes=nnodes, nproc_per_node=per_node)
