@@ -8,4 +8,4 @@ from ringtrain.workloads.dataset import TensorPairDataset
 from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.registry import WORKLOADS, get_workload
 
-__all__ = ["WORKLOADS", "DataError", "Defaults", "TensorPairDataset", "Workload", "get_workload"]
+__all__ = ["DataError", "Defaults", "TensorPairDataset", "WORKLOADS", "Workload", "get_workload"]
