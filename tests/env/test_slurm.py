@@ -105,11 +105,29 @@ def test_old_style_job_variables() -> None:
         "slurm", 1, 2, 2, "n1", 15042)
 
 
-@pytest.mark.parametrize("name", ["bash", "interactive"])
-def test_interactive_jobs_are_shells(name: str) -> None:
-    env = detect_environment(_step(SLURM_JOB_NAME=name))
+def test_srun_pty_shell_is_a_shell() -> None:
+    env = detect_environment(_step(SLURM_JOB_NAME="bash", SLURM_PTY_PORT="40123", SLURM_STEP_NUM_TASKS="1",
+                                   SLURM_NTASKS="1", SLURM_PROCID="0"))
     assert isinstance(env, SlurmShellEnvironment)
+    assert env.interactive
     assert env.placement().world_size == 1
+    assert not env.batch_without_srun
+    assert env.validate() == []
+
+
+@pytest.mark.parametrize("name", ["bash", "interactive"])
+def test_srun_tasks_in_jobs_named_like_shells_are_ranks(name: str) -> None:
+    # salloc names its job "interactive", `srun bash -c ...` names it "bash": their srun tasks are ranks.
+    env = detect_environment(_step(SLURM_JOB_NAME=name))
+    assert isinstance(env, SlurmEnvironment)
+    assert env.placement().world_size == 10
+
+
+@pytest.mark.parametrize("name", ["bash", "interactive"])
+def test_interactive_shells_do_not_warn_about_srun(name: str) -> None:
+    env = detect_environment(_batch(SLURM_JOB_NAME=name))
+    assert isinstance(env, SlurmShellEnvironment)
+    assert env.interactive
     assert not env.batch_without_srun
     assert env.validate() == []
 

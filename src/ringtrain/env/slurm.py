@@ -5,12 +5,16 @@ sizes. The main address is the first host of the step's node list (rank 0 runs t
 task distribution), the port 15000 + the last four digits of the job id, unless ``MASTER_ADDR`` /
 ``MASTER_PORT`` are set.
 
-A batch script (``sbatch``), an ``salloc`` shell and ``srun --pty bash`` (job name ``bash`` or
-``interactive``) are *shells*: one process, whatever ``SLURM_NTASKS`` says. Treating such a shell as
-rank 0 of ``SLURM_NTASKS`` is the classic hang (a batch script that forgot ``srun``), so
-:class:`SlurmShellEnvironment` reports a world of one, says in ``validate()`` that ``srun`` is
-missing, and exposes :attr:`SlurmShellEnvironment.batch_without_srun` so the launcher can spread itself
-with ``srun``.
+A batch script (``sbatch``), an ``salloc`` shell and an interactive ``srun --pty bash`` are *shells*:
+one process, whatever ``SLURM_NTASKS`` says. Treating such a shell as rank 0 of ``SLURM_NTASKS`` is
+the classic hang (a batch script that forgot ``srun``), so :class:`SlurmShellEnvironment` reports a
+world of one, says in ``validate()`` that ``srun`` is missing, and exposes
+:attr:`SlurmShellEnvironment.batch_without_srun` so the launcher can spread itself with ``srun``.
+
+The interactive exemption: ``srun --pty`` (``SLURM_PTY_PORT`` set) makes a shell, not a rank. The
+job *name* alone is not a safe sign: ``salloc`` names its job ``interactive`` and ``srun bash -c ...``
+names it ``bash``, yet ``srun`` tasks inside such jobs are real ranks; the name only silences the
+missing-``srun`` warning of a shell.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ringtrain.env.base import (
     same_host,
 )
 
-#: Job names Slurm gives interactive allocations; their processes are started by hand.
+#: Job names of interactive allocations (salloc, srun --pty bash): their shells start ranks by hand.
 INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
 #: Step ids of the steps that are not ``srun`` (Slurm >= 20 may export them as names).
 _NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive"})
@@ -121,8 +125,13 @@ def _job_id(environ: Mapping[str, str]) -> str:
     return environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
 
 
+def _is_pty(environ: Mapping[str, str]) -> bool:
+    """An ``srun --pty`` shell: srun sets ``SLURM_PTY_PORT`` for it."""
+    return "SLURM_PTY_PORT" in environ
+
+
 def _is_interactive(environ: Mapping[str, str]) -> bool:
-    return environ.get("SLURM_JOB_NAME", "") in INTERACTIVE_JOB_NAMES
+    return _is_pty(environ) or environ.get("SLURM_JOB_NAME", "") in INTERACTIVE_JOB_NAMES
 
 
 def _in_step(environ: Mapping[str, str]) -> bool:
@@ -137,8 +146,8 @@ class SlurmEnvironment(ClusterEnvironment):
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        """In a job step started by ``srun``, and the job is not an interactive shell."""
-        return bool(_job_id(environ)) and _in_step(environ) and not _is_interactive(environ)
+        """In a job step started by ``srun``, and not an ``srun --pty`` shell."""
+        return bool(_job_id(environ)) and _in_step(environ) and not _is_pty(environ)
 
     def world_size(self) -> int:
         for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"):
@@ -238,7 +247,7 @@ class SlurmShellEnvironment(ClusterEnvironment):
 
     @property
     def interactive(self) -> bool:
-        """The job is an interactive shell (job name ``bash`` or ``interactive``)."""
+        """An interactive shell: ``srun --pty``, or a job named ``bash`` / ``interactive`` (salloc)."""
         return _is_interactive(self.environ)
 
     @property
