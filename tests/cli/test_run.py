@@ -247,3 +247,10 @@ def test_unmodified_horovod_script_runs_through_the_shim(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = sorted(p.read_text() for p in tmp_path.glob("*.txt"))
     assert lines == ["0 2 0 3.0", "1 2 1 3.0"]
+
+
+def test_flags_without_effect_are_accepted_with_a_warning():
+    config = parse(["--mpi", "--hierarchical-allreduce", "python", "x.py"])
+    assert any("--mpi accepted" in note for note in config.notes)
+    assert any("--hierarchical-allreduce accepted" in note for note in config.notes)
+    assert parse(["--gloo", "python", "x.py"]).notes == ()

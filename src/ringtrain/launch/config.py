@@ -112,6 +112,8 @@ class LaunchConfig:
     node_hosts: tuple[str, ...] | None = None
     failure_marker: bool = False
     watch_stdin: bool = False
+    #: Warnings about flags that were accepted but change nothing here; printed by ``launch``.
+    notes: tuple[str, ...] = ()
 
     def table(self) -> str:
         """The resolved configuration as an aligned two-column table (``--verbose``)."""
@@ -222,7 +224,17 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     if args.rdzv_backend and args.rdzv_backend not in ("static", "c10d"):
         raise UsageError(f"--rdzv-backend {args.rdzv_backend!r} is not supported. "
                          "HINT: use c10d (elastic) or static.")
+    notes = []
+    if getattr(args, "mpi", None):
+        notes.append("--mpi accepted: ranks communicate through torch.distributed (gloo/NCCL), not MPI.")
+    for name in ("mpi_args", "binding_args"):
+        if getattr(args, name, None):
+            notes.append(f"--{name.replace('_', '-')} accepted and ignored: no mpirun is started.")
+    for spec in TUNING_FLAGS:
+        if getattr(args, spec.dest, None) is not None and "(accepted" in spec.help:
+            notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")
     return LaunchConfig(
+        notes=tuple(notes),
         command=command,
         num_proc=args.num_proc,
         hosts=hosts,

@@ -103,6 +103,9 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     if config.check_build:
         print(check_build())
         return 0
+    if not config.failure_marker:  # a driver's agents would repeat what the driver said
+        for note in config.notes:
+            print(f"ringtrain run: warning: {note}", file=sys.stderr)
     if config.verbose:
         print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
     plan = resolve_plan(config, environ)
