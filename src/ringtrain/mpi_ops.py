@@ -54,6 +54,13 @@ class _NoneCompressor:
         return tensor
 
 
+try:
+    from ringtrain.compression import Compression as _Compression
+
+    _DEFAULT_COMPRESSION: Any = _Compression.none
+except ImportError:  # pragma: no cover - compression.py is part of the package
+    _DEFAULT_COMPRESSION = _NoneCompressor
+
 _REDUCE_DTYPES = {
     torch.uint8,
     torch.int8,
@@ -323,10 +330,12 @@ def _submit(
     keepalive: Any = None,
 ) -> int:
     engine, set_id, _ = _set_members(process_set, prefix.capitalize())
-    devices = {_device_index(t) for t in tensors}
-    if len(devices) > 1:
+    if len({(t.device.type, _device_index(t)) for t in tensors}) > 1:
         raise RuntimeError("Tensors in list must be on same device.")
-    device = devices.pop() if devices else -1
+    for t in tensors:
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"Tensors on device {t.device} are not supported. HINT: use CPU or CUDA tensors.")
+    device = _device_index(tensors[0]) if tensors else -1
 
     def build(handle: int) -> tuple[RequestMeta, list[torch.Tensor], list[torch.Tensor | None]]:
         names = _names(prefix, name, handle, len(tensors) if grouped else None)
@@ -470,7 +479,7 @@ def allreduce(
     tensor: torch.Tensor,
     average: bool | None = None,
     name: str | None = None,
-    compression: Any = _NoneCompressor,
+    compression: Any = _DEFAULT_COMPRESSION,
     op: int | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
@@ -631,7 +640,7 @@ def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: bool | None = None,
     name: str | None = None,
-    compression: Any = _NoneCompressor,
+    compression: Any = _DEFAULT_COMPRESSION,
     op: int | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
@@ -978,7 +987,7 @@ def _reducescatter_grad(grad: torch.Tensor, ctx: Any) -> torch.Tensor:
 def reducescatter(
     tensor: torch.Tensor,
     name: str | None = None,
-    compression: Any = _NoneCompressor,
+    compression: Any = _DEFAULT_COMPRESSION,
     op: int = Average,
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
@@ -1046,7 +1055,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 def grouped_reducescatter(
     tensors: Sequence[torch.Tensor],
     name: str | None = None,
-    compression: Any = _NoneCompressor,
+    compression: Any = _DEFAULT_COMPRESSION,
     op: int = Average,
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
