@@ -11,13 +11,27 @@ import torch
 import ringtrain.mpi_ops as hvd
 from tests.engine.hvd_env import ensure_init, fresh
 
-REDUCE_DTYPES = [torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                 torch.uint8, torch.int8, torch.int16]
+REDUCE_DTYPES = [
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+]
 MOVE_DTYPES = REDUCE_DTYPES + [torch.bool]
 
 
 def _lifecycle() -> dict:
-    before = {"gloo": hvd.gloo_built(), "mpi": hvd.mpi_built(), "ccl": hvd.ccl_built(), "nccl": hvd.nccl_built()}
+    before = {
+        "gloo": hvd.gloo_built(),
+        "mpi": hvd.mpi_built(),
+        "ccl": hvd.ccl_built(),
+        "nccl": hvd.nccl_built(),
+    }
     hvd.shutdown()
     try:
         hvd.rank()
@@ -29,9 +43,16 @@ def _lifecycle() -> dict:
     hvd.init()
     hvd.init()  # idempotent while initialized
     assert hvd.is_initialized()
-    out = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
-           "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "homogeneous": hvd.is_homogeneous(),
-           **before}
+    out = {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "homogeneous": hvd.is_homogeneous(),
+        **before,
+    }
     with pytest.raises(ValueError, match="MPI is not enabled"):
         hvd.mpi_threads_supported()
     return out
@@ -40,11 +61,16 @@ def _lifecycle() -> dict:
 def test_lifecycle_and_topology(ranks2):
     results = ranks2.run(_lifecycle)
     for rank, res in enumerate(results):
-        assert res["rank"] == rank and res["size"] == 2
-        assert res["local_rank"] == rank and res["local_size"] == 2
-        assert res["cross_rank"] == 0 and res["cross_size"] == 1
+        assert res["rank"] == rank
+        assert res["size"] == 2
+        assert res["local_rank"] == rank
+        assert res["local_size"] == 2
+        assert res["cross_rank"] == 0
+        assert res["cross_size"] == 1
         assert res["homogeneous"] is True
-        assert res["gloo"] is True and res["mpi"] is False and res["ccl"] is False
+        assert res["gloo"] is True
+        assert res["mpi"] is False
+        assert res["ccl"] is False
         assert isinstance(res["nccl"], int)
 
 
@@ -55,7 +81,8 @@ def _allreduce_checks() -> None:
         t = (torch.arange(6).reshape(2, 3) + rank).to(dtype)
         total = sum((torch.arange(6).reshape(2, 3) + r) for r in range(size)).to(torch.float64)
         out = hvd.allreduce(t, op=hvd.Sum, name=f"sum.{dtype}")
-        assert out.dtype == dtype and torch.equal(out.double(), total), (dtype, out)
+        assert out.dtype == dtype
+        assert torch.equal(out.double(), total), (dtype, out)
         assert torch.equal(t, (torch.arange(6).reshape(2, 3) + rank).to(dtype)), "input changed"
         avg = hvd.allreduce(t, name=f"avg.{dtype}")
         expected = total / size
@@ -76,7 +103,8 @@ def _allreduce_checks() -> None:
     assert hvd.allreduce(torch.tensor(float(rank))).item() == pytest.approx(0.5)
     z = torch.full((3,), float(rank + 1))
     same = hvd.allreduce_(z, None, "inplace", hvd.Sum)
-    assert same is z and z.tolist() == [3.0] * 3
+    assert same is z
+    assert z.tolist() == [3.0] * 3
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert hvd.allreduce(torch.ones(2), average=False).tolist() == [2.0, 2.0]
@@ -86,12 +114,17 @@ def _allreduce_checks() -> None:
     # Grouped forms.
     group = [torch.ones(2) * (rank + 1), torch.ones(3, dtype=torch.float64) * 2]
     outs = hvd.grouped_allreduce(group, op=hvd.Sum)
-    assert isinstance(outs, list) and outs[0].tolist() == [3.0, 3.0] and outs[1].tolist() == [4.0] * 3
+    assert isinstance(outs, list)
+    assert outs[0].tolist() == [3.0, 3.0]
+    assert outs[1].tolist() == [4.0] * 3
     outs = hvd.synchronize(hvd.grouped_allreduce_async(group, name="grp"))
-    assert isinstance(outs, tuple) and outs[0].tolist() == [1.5, 1.5]
+    assert isinstance(outs, tuple)
+    assert outs[0].tolist() == [1.5, 1.5]
     inplace = [torch.ones(2), torch.ones(1)]
     res = hvd.grouped_allreduce_(inplace, op=hvd.Sum)
-    assert isinstance(res, tuple) and res[0] is inplace[0] and inplace[1].tolist() == [2.0]
+    assert isinstance(res, tuple)
+    assert res[0] is inplace[0]
+    assert inplace[1].tolist() == [2.0]
     h = hvd.grouped_allreduce_async_([torch.ones(1)], op=hvd.Max)
     assert hvd.synchronize(h)[0].tolist() == [1.0]
     # Empty tensors and booleans (logical or via Sum, and via Max).
@@ -119,15 +152,20 @@ def _allgather_checks() -> None:
     for dtype in MOVE_DTYPES:
         t = (torch.ones(rank + 1, 2) * (rank + 1)).to(dtype)
         out = hvd.allgather(t, name=f"ag.{dtype}")
-        assert out.dtype == dtype and out.shape == (3, 2), (dtype, out.shape)
-        assert out.to(torch.float32).tolist() == [[1, 1], [2, 2], [2, 2]] if dtype != torch.bool else True
+        assert out.dtype == dtype
+        assert out.shape == (3, 2), (dtype, out.shape)
+        expected = [[1, 1], [1, 1], [1, 1]] if dtype == torch.bool else [[1, 1], [2, 2], [2, 2]]
+        assert out.to(torch.float32).tolist() == expected, dtype
     # Different first dims including an empty contribution.
     t = torch.arange(rank * 3, dtype=torch.float32).reshape(rank * 3, 1)
     assert hvd.allgather(t).view(-1).tolist() == [0.0, 1.0, 2.0]
     outs = hvd.grouped_allgather([torch.ones(1) * rank, torch.ones(rank + 1, 2, dtype=torch.int64)])
-    assert isinstance(outs, list) and outs[0].tolist() == [0.0, 1.0] and outs[1].shape == (3, 2)
+    assert isinstance(outs, list)
+    assert outs[0].tolist() == [0.0, 1.0]
+    assert outs[1].shape == (3, 2)
     outs = hvd.synchronize(hvd.grouped_allgather_async([torch.ones(2)], name="gag"))
-    assert isinstance(outs, tuple) and outs[0].shape == (4,)
+    assert isinstance(outs, tuple)
+    assert outs[0].shape == (4,)
 
 
 def test_allgather(ranks2):
@@ -144,9 +182,11 @@ def _broadcast_checks() -> None:
         assert torch.equal(out, torch.full((2, 3), 2).to(dtype)), dtype
         assert torch.equal(t, original), "broadcast must not change its input"
     t = torch.full((3,), float(rank))
-    assert hvd.broadcast_(t, 0) is t and t.tolist() == [0.0] * 3
+    assert hvd.broadcast_(t, 0) is t
+    assert t.tolist() == [0.0] * 3
     t = torch.full((3,), float(rank))
-    assert hvd.synchronize(hvd.broadcast_async_(t, 1, "bca")) is t and t.tolist() == [1.0] * 3
+    assert hvd.synchronize(hvd.broadcast_async_(t, 1, "bca")) is t
+    assert t.tolist() == [1.0] * 3
     assert hvd.synchronize(hvd.broadcast_async(torch.tensor(rank), 0)).item() == 0
     with pytest.raises(ValueError, match="invalid root rank 5"):
         hvd.broadcast(torch.ones(1), 5)
@@ -199,15 +239,18 @@ def _reducescatter_checks() -> None:
         full = torch.arange(10).reshape(5, 2) * 3
         # Uneven split: 5 rows over 2 ranks -> rank 0 gets 3 rows, rank 1 gets 2.
         expected = full[:3] if rank == 0 else full[3:]
-        assert out.dtype == dtype and torch.equal(out.double(), expected.double()), (dtype, out)
+        assert out.dtype == dtype
+        assert torch.equal(out.double(), expected.double()), (dtype, out)
     avg = hvd.reducescatter(torch.ones(4, 1) * (rank + 1))
     assert avg.view(-1).tolist() == [1.5, 1.5]
     scaled = hvd.reducescatter(torch.ones(2), op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0)
     assert scaled.tolist() == [12.0]
     outs = hvd.grouped_reducescatter([torch.ones(2), torch.ones(4, 3)], op=hvd.Sum)
-    assert outs[0].tolist() == [2.0] and outs[1].shape == (2, 3)
+    assert outs[0].tolist() == [2.0]
+    assert outs[1].shape == (2, 3)
     outs = hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(2)], "grs", hvd.Sum))
-    assert isinstance(outs, tuple) and outs[0].tolist() == [2.0]
+    assert isinstance(outs, tuple)
+    assert outs[0].tolist() == [2.0]
     for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
         with pytest.raises(RuntimeError, match="only supports AVERAGE and SUM"):
             hvd.reducescatter(torch.ones(2), op=op)
@@ -273,7 +316,8 @@ def _duplicate_name_pattern() -> None:
     # The same user name under another op is a different request.
     h1 = hvd.allgather_async(tensor, name="duplicate_name")
     h2 = hvd.allreduce_async(tensor, name="duplicate_name")
-    assert hvd.synchronize(h1).shape == (6,) and hvd.synchronize(h2).shape == (3,)
+    assert hvd.synchronize(h1).shape == (6,)
+    assert hvd.synchronize(h2).shape == (3,)
 
 
 def test_duplicate_pending_name_raises_at_enqueue(ranks2):
@@ -310,21 +354,66 @@ def test_reinit_in_same_process_resets_auto_names(ranks2):
 def test_signatures_are_horovods():
     """Scripts pass these positionally: the order of parameters is part of the contract."""
     expected = {
-        "allreduce": ["tensor", "average", "name", "compression", "op", "prescale_factor", "postscale_factor",
-                      "process_set"],
-        "allreduce_async": ["tensor", "average", "name", "op", "prescale_factor", "postscale_factor",
-                            "process_set"],
-        "allreduce_": ["tensor", "average", "name", "op", "prescale_factor", "postscale_factor", "process_set"],
-        "grouped_allreduce": ["tensors", "average", "name", "compression", "op", "prescale_factor",
-                              "postscale_factor", "process_set"],
+        "allreduce": [
+            "tensor",
+            "average",
+            "name",
+            "compression",
+            "op",
+            "prescale_factor",
+            "postscale_factor",
+            "process_set",
+        ],
+        "allreduce_async": [
+            "tensor",
+            "average",
+            "name",
+            "op",
+            "prescale_factor",
+            "postscale_factor",
+            "process_set",
+        ],
+        "allreduce_": [
+            "tensor",
+            "average",
+            "name",
+            "op",
+            "prescale_factor",
+            "postscale_factor",
+            "process_set",
+        ],
+        "grouped_allreduce": [
+            "tensors",
+            "average",
+            "name",
+            "compression",
+            "op",
+            "prescale_factor",
+            "postscale_factor",
+            "process_set",
+        ],
         "allgather": ["tensor", "name", "process_set"],
         "broadcast": ["tensor", "root_rank", "name", "process_set"],
         "broadcast_async_": ["tensor", "root_rank", "name", "process_set"],
         "alltoall": ["tensor", "splits", "name", "process_set"],
-        "reducescatter": ["tensor", "name", "compression", "op", "process_set", "prescale_factor",
-                          "postscale_factor"],
-        "grouped_reducescatter": ["tensors", "name", "compression", "op", "process_set", "prescale_factor",
-                                  "postscale_factor"],
+        "reducescatter": [
+            "tensor",
+            "name",
+            "compression",
+            "op",
+            "process_set",
+            "prescale_factor",
+            "postscale_factor",
+        ],
+        "grouped_reducescatter": [
+            "tensors",
+            "name",
+            "compression",
+            "op",
+            "process_set",
+            "prescale_factor",
+            "postscale_factor",
+        ],
         "sparse_allreduce_async": ["tensor", "name", "op", "process_set"],
         "init": ["comm", "process_sets"],
         "join": ["device"],
@@ -338,7 +427,11 @@ def test_signatures_are_horovods():
 
 
 def test_queries_work_before_init():
-    assert hvd.gloo_built() and hvd.gloo_enabled()
-    assert not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.ccl_built() and not hvd.ddl_built()
+    assert hvd.gloo_built()
+    assert hvd.gloo_enabled()
+    assert not hvd.mpi_built()
+    assert not hvd.mpi_enabled()
+    assert not hvd.ccl_built()
+    assert not hvd.ddl_built()
     assert hvd.nccl_built() == 0 or hvd.nccl_built() > 2000
     assert hvd.cuda_built() == (torch.version.cuda is not None)

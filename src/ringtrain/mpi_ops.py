@@ -334,7 +334,7 @@ def _submit(
         raise RuntimeError("Tensors in list must be on same device.")
     for t in tensors:
         if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"Tensors on device {t.device} are not supported. HINT: use CPU or CUDA tensors.")
+            raise ValueError(f"Tensors on device {t.device} are not supported. HINT: use CPU or CUDA.")
     device = _device_index(tensors[0]) if tensors else -1
 
     def build(handle: int) -> tuple[RequestMeta, list[torch.Tensor], list[torch.Tensor | None]]:
