@@ -254,3 +254,34 @@ def test_flags_without_effect_are_accepted_with_a_warning():
     assert any("--mpi accepted" in note for note in config.notes)
     assert any("--hierarchical-allreduce accepted" in note for note in config.notes)
     assert parse(["--gloo", "python", "x.py"]).notes == ()
+
+
+#: The public flags of ``ringtrain run`` (dashed spellings); changing this set is a deliberate act.
+PUBLIC_FLAGS = {
+    "-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
+    "--ssh-identity-file", "--gloo", "--mpi", "--mpi-args", "--binding-args", "--disable-cache",
+    "--start-timeout", "--network-interfaces", "--network-interface", "--output-filename", "--verbose",
+    "-cb", "--check-build", "--log-level", "--fusion-threshold-mb", "--cycle-time-ms",
+    "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+    "--hierarchical-allgather", "--no-hierarchical-allgather", "--torus-allreduce",
+    "--no-torus-allreduce", "--autotune", "--autotune-log-file", "--autotune-warmup-samples",
+    "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
+    "--autotune-gaussian-process-noise", "--timeline-filename", "--timeline-mark-cycles",
+    "--no-stall-check", "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+    "--gloo-timeout-seconds", "--num-nccl-streams", "--thread-affinity", "--mpi-threads-disable",
+    "--log-without-timestamp", "--tcp", "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend",
+    "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
+    "--no-horovod-shim",
+}
+INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}
+
+
+def test_the_set_of_flags_is_frozen_and_every_long_flag_has_a_snake_case_spelling():
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, environ={})
+    options = {o for action in parser._actions for o in action.option_strings} - {"-h", "--help"}
+    dashed = {o for o in options if "_" not in o}
+    assert dashed == PUBLIC_FLAGS | INTERNAL_FLAGS
+    for flag in PUBLIC_FLAGS:
+        if flag.startswith("--") and "-" in flag[2:]:
+            assert "--" + flag[2:].replace("-", "_") in options, flag
