@@ -1,0 +1,113 @@
+"""``TrainerConfig``: every knob of a training run in one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+STRATEGIES = ("ddp", "horovod")
+TASKS = ("classification", "regression")
+
+
+def _positive_int(name: str, value: Any, example: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number of at least 1. HINT: use e.g. "
+                         f"{name}={example}.")
+
+
+def _optional_positive_int(name: str, value: Any, example: int, off: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}={value!r} must be a whole number of at least 1 or None. HINT: use "
+                         f"e.g. {name}={example}, or {name}=None {off}.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerConfig:
+    """How a ``Trainer`` trains: epochs, batching, strategy, precision, snapshots, logging."""
+
+    epochs: int = 1
+    """Passes over the training set (the total, counting epochs already done by a resumed snapshot)."""
+    batch_size: int = 64
+    """Items per micro-batch on each rank; the global batch is this x world size x batches_per_allreduce."""
+    strategy: str = "ddp"
+    """``"ddp"`` (torch DistributedDataParallel) or ``"horovod"`` (ringtrain's DistributedOptimizer)."""
+    fp16_allreduce: bool = False
+    """Send gradients as float16 (horovod: ``Compression.fp16``; ddp: the fp16 compress hook)."""
+    batches_per_allreduce: int = 1
+    """Micro-batches whose gradients are accumulated locally before one allreduce and optimizer step."""
+    amp: bool = False
+    """Mixed precision: float16 autocast + GradScaler on CUDA, bfloat16 autocast on CPU."""
+    scale_lr: bool = False
+    """Multiply the optimizer's learning rate by world size x batches_per_allreduce (Goyal et al.)."""
+    warmup_epochs: float = 0.0
+    """Ramp the learning rate linearly from its unscaled value to the scaled one over this many epochs."""
+    task: str = "classification"
+    """``"classification"`` (reports accuracy) or ``"regression"`` (reports RMSE)."""
+    seed: int = 0
+    """Seeds the shuffling, the RNGs of every rank (offset by rank) and nothing else."""
+    save_every: int | None = None
+    """Write a snapshot every this many epochs (and after the last one); None: no epoch snapshots."""
+    save_every_steps: int | None = None
+    """Also write a snapshot every this many optimizer steps; None: only at epoch ends."""
+    snapshot_dir: str | None = None
+    """Folder of the snapshots; the latest complete one there is resumed on start."""
+    keep_last: int = 3
+    """How many snapshots to keep; older ones are deleted after a new one is committed."""
+    resume: bool = True
+    """Resume from the latest snapshot in ``snapshot_dir`` when there is one."""
+    eval_every: int = 1
+    """Evaluate on the eval data every this many epochs (and after the last one)."""
+    threads: int | None = None
+    """torch threads per rank on CPU; None: the machine's cores divided by the local ranks, at least 1."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    progress: bool = True
+    """Show a progress bar on rank 0 (only when stdout is a terminal)."""
+    log_dir: str | None = None
+    """Write ``metrics.csv`` (and TensorBoard events, if installed) here from rank 0."""
+    device: str | None = None
+    """``"cpu"`` or ``"cuda"``; None: CUDA when available."""
+    max_steps_per_epoch: int | None = None
+    """Stop each epoch after this many optimizer steps (quick trials); None: the whole epoch."""
+
+    def __post_init__(self) -> None:
+        _positive_int("epochs", self.epochs, 3)
+        _positive_int("batch_size", self.batch_size, 64)
+        _positive_int("batches_per_allreduce", self.batches_per_allreduce, 2)
+        _positive_int("keep_last", self.keep_last, 3)
+        _positive_int("eval_every", self.eval_every, 1)
+        _optional_positive_int("save_every", self.save_every, 1, "for no epoch snapshots")
+        _optional_positive_int("save_every_steps", self.save_every_steps, 100, "for no step snapshots")
+        _optional_positive_int("threads", self.threads, 1, "to use cores / local ranks")
+        _optional_positive_int("max_steps_per_epoch", self.max_steps_per_epoch, 100, "for whole epochs")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is not known. HINT: use one of {list(STRATEGIES)}.")
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not known. HINT: use one of {list(TASKS)}.")
+        workers = self.num_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"num_workers={self.num_workers!r} must be 0 or more. HINT: use num_workers=0 "
+                             "to load batches in the training process.")
+        if not isinstance(self.warmup_epochs, int | float) or not 0 <= self.warmup_epochs < float("inf"):
+            raise ValueError(f"warmup_epochs={self.warmup_epochs!r} must be a finite number >= 0. "
+                             "HINT: use e.g. warmup_epochs=5, or 0 for no warm-up.")
+        if self.warmup_epochs > 0 and not self.scale_lr:
+            raise ValueError(f"warmup_epochs={self.warmup_epochs} has no effect without scale_lr=True: the "
+                             "warm-up ramps to the scaled learning rate. HINT: set scale_lr=True, or "
+                             "warmup_epochs=0.")
+        if (self.save_every or self.save_every_steps) and not self.snapshot_dir:
+            raise ValueError("save_every / save_every_steps is set but snapshot_dir is not, so snapshots "
+                             "would have nowhere to go. HINT: pass snapshot_dir='snapshots' (any folder).")
+        if self.device not in (None, "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not known. HINT: use 'cpu', 'cuda' or None (auto).")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be a whole number >= 0. HINT: use e.g. seed=0.")
+
+    def replace(self, **changes: Any) -> TrainerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as plain values (for snapshots, logs and the worker spec)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

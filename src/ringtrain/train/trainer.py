@@ -1,0 +1,339 @@
+"""``Trainer``: the data-parallel training loop, readable top to bottom.
+
+``Trainer(model, optimizer, loss_fn, train_data, eval_data, config).train()`` joins the job (DDP or
+Horovod strategy), shards the data, resumes the latest snapshot, trains and evaluates every epoch,
+and returns one ``EpochResult`` per epoch, identical on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ringtrain.train import rng
+from ringtrain.train.config import TrainerConfig
+from ringtrain.train.data import ShardedLoader, as_arguments, to_device
+from ringtrain.train.logs import MetricsLog, RankZero, init_logger
+from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_batch
+from ringtrain.train.progress import Progress
+from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
+from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
+from ringtrain.train.strategies import Strategy, make_strategy, usable_cores
+
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+class Trainer:
+    """Trains ``model`` data-parallel over all ranks of the job this process belongs to.
+
+    ``train_data`` / ``eval_data`` are datasets (items ``(features, target)``, features a tensor or a
+    tuple of tensors for ``model(*features)``) or DataLoaders (their dataset, batch size and collate
+    function are kept; the Trainer adds its own distributed sampler). ``scheduler`` is an optional
+    ``optimizer -> LR scheduler`` factory, stepped after every optimizer step; it is called with the
+    optimizer the strategy returns (Horovod wraps it), so it must not be built beforehand.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: Callable[..., torch.Tensor], train_data: Any, eval_data: Any = None,
+                 config: TrainerConfig | None = None, scheduler: SchedulerFactory | None = None) -> None:
+        self.config = config = config or TrainerConfig()
+        if scheduler is not None and config.scale_lr and config.warmup_epochs > 0:
+            raise ValueError("both a scheduler and warmup_epochs were given; only one can drive the learning "
+                             "rate. HINT: drop warmup_epochs, or fold the warm-up into your scheduler.")
+        init_logger()
+        self.strategy: Strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
+                                                config.batches_per_allreduce)
+        self.strategy.setup()
+        s = self.strategy
+        self.out = RankZero(s.rank)
+        if s.device.type == "cpu":
+            torch.set_num_threads(config.threads or max(1, usable_cores() // max(1, s.local_world_size)))
+        rng.seed_everything(config.seed + s.rank)
+
+        self.model = model.to(s.device)
+        self.loss_fn = loss_fn
+        self.fingerprint = model_fingerprint(model)
+        self.train_loader = ShardedLoader(train_data, config.batch_size, s.world_size, s.rank, shuffle=True,
+                                          seed=config.seed, num_workers=config.num_workers,
+                                          pin_memory=s.device.type == "cuda")
+        self.eval_loader = None if eval_data is None else ShardedLoader(
+            eval_data, config.batch_size, s.world_size, s.rank, shuffle=False, seed=config.seed,
+            num_workers=config.num_workers, pin_memory=s.device.type == "cuda")
+
+        self.lr_factor = float(s.world_size * config.batches_per_allreduce) if config.scale_lr else 1.0
+        if self.lr_factor != 1.0:
+            scale_learning_rate(optimizer, self.lr_factor)
+        self.train_model, self.optimizer = s.prepare(self.model, optimizer)
+        self.scheduler = None
+        if scheduler is not None:
+            self.scheduler = scheduler(self.optimizer)
+        elif config.warmup_epochs > 0 and self.lr_factor != 1.0:
+            warmup_steps = int(round(config.warmup_epochs * self.steps_per_epoch()))
+            self.scheduler = warmup_scheduler(self.optimizer, self.lr_factor, warmup_steps)
+        use_scaler = config.amp and s.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+
+        self.snapshots = (SnapshotManager(config.snapshot_dir, config.keep_last) if config.snapshot_dir
+                          else None)
+        self.metrics_log = MetricsLog(config.log_dir) if config.log_dir and s.rank == 0 else None
+        self.epoch = 0
+        """Epochs completed."""
+        self.step = 0
+        """Optimizer steps taken in the whole run."""
+        self.batch_in_epoch = 0
+        """Micro-batches of the current epoch already trained (non-zero only when resumed mid-epoch)."""
+        self.history: list[EpochResult] = []
+        self.resumed_from: Path | None = None
+
+    # --- sizes ------------------------------------------------------------------------------
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch on every rank."""
+        steps = -(-self.train_loader.batches_per_epoch() // self.config.batches_per_allreduce)
+        if self.config.max_steps_per_epoch:
+            steps = min(steps, self.config.max_steps_per_epoch)
+        return steps
+
+    def describe(self) -> str:
+        """The derived quantities, printed before the first step."""
+        c, s = self.config, self.strategy
+        global_batch = c.batch_size * s.world_size * c.batches_per_allreduce
+        lrs = ", ".join(f"{g['lr']:.3g}" for g in self.optimizer.param_groups)
+        return (f"ringtrain train: {s.world_size} rank(s), strategy {s.name}, device {s.device.type}, "
+                f"threads/rank {torch.get_num_threads() if s.device.type == 'cpu' else '-'}, "
+                f"global batch {global_batch} ({c.batch_size} x {s.world_size} ranks x "
+                f"{c.batches_per_allreduce} accumulated), {self.steps_per_epoch()} steps/epoch, lr {lrs}"
+                f"{' (scaled)' if self.lr_factor != 1.0 else ''}, "
+                f"train items {self.train_loader.dataset_size}"
+                + (f", eval items {self.eval_loader.dataset_size}" if self.eval_loader else ""))
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def train(self) -> list[EpochResult]:
+        """Resume if a snapshot exists, then train the remaining epochs; returns this run's epochs."""
+        c = self.config
+        self.resume()
+        self.out.print(self.describe())
+        if self.resumed_from is not None:
+            self.out.print(f"resumed from {self.resumed_from} (epoch {self.epoch + 1}, batch "
+                           f"{self.batch_in_epoch}, step {self.step})")
+        while self.epoch < c.epochs:
+            result = self._run_epoch(self.epoch)
+            self.history.append(result)
+            self.out.print(result.summary(c.epochs, c.task))
+            if self.metrics_log is not None:
+                self.metrics_log.write(result.as_row())
+        return self.history
+
+    def close(self) -> None:
+        """Close the logs and leave the job (destroys only a process group the Trainer started)."""
+        if self.metrics_log is not None:
+            self.metrics_log.close()
+        self.strategy.teardown()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run_epoch(self, epoch: int) -> EpochResult:
+        c = self.config
+        start = time.perf_counter()
+        totals = self._train_batches(epoch)
+        train = totals.reduce(self.strategy.sum)
+        seconds = time.perf_counter() - start
+        last = epoch + 1 == c.epochs
+        self.epoch, self.batch_in_epoch = epoch + 1, 0
+        evaluation = None
+        if self.eval_loader is not None and (last or (epoch + 1) % c.eval_every == 0):
+            evaluation = self.evaluate()
+        snapshot = None
+        if self.snapshots and c.save_every and (last or (epoch + 1) % c.save_every == 0):
+            snapshot = self.save_snapshot()
+        result = EpochResult(
+            epoch=epoch + 1, seconds=seconds, train_loss=train.loss,
+            samples_per_second=train.count / seconds if seconds > 0 else float("nan"), steps=self.step,
+            eval_loss=evaluation.loss if evaluation else float("nan"),
+            accuracy=evaluation.accuracy if evaluation and c.task == "classification" else float("nan"),
+            rmse=evaluation.rmse if evaluation and c.task == "regression" else float("nan"),
+            eval_items=int(evaluation.count) if evaluation else 0,
+            snapshot=str(snapshot) if snapshot else None)
+        return result
+
+    def _train_batches(self, epoch: int) -> MetricTotals:
+        c, s = self.config, self.strategy
+        loader = self.train_loader
+        total_batches = loader.batches_per_epoch()
+        if c.max_steps_per_epoch:
+            total_batches = min(total_batches, c.max_steps_per_epoch * c.batches_per_allreduce)
+        k = c.batches_per_allreduce
+        totals = MetricTotals()
+        self.train_model.train()
+        bar = Progress(c.progress and s.rank == 0, total_batches, f"epoch {epoch + 1}/{c.epochs}",
+                       initial=self.batch_in_epoch)
+        try:
+            for b, (features, targets) in enumerate(loader.epoch(epoch, self.batch_in_epoch),
+                                                    start=self.batch_in_epoch):
+                if b >= total_batches:
+                    break
+                group_start = b - b % k
+                group_size = min(k, total_batches - group_start)
+                last_of_group = b + 1 == group_start + group_size
+                features, targets = to_device(features, s.device), to_device(targets, s.device)
+                with s.accumulating(self.train_model, sync=last_of_group), self._autocast():
+                    outputs = self.train_model(*as_arguments(features))
+                    loss = self.loss_fn(outputs, targets)
+                scaled = loss / group_size
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size, b)
+                if real == len(targets):
+                    totals.add(loss, outputs, targets, c.task)
+                else:  # the sampler's padding items train but do not count in the metrics
+                    with torch.no_grad():
+                        totals.add(self.loss_fn(outputs[:real].float(), targets[:real]), outputs[:real],
+                                   targets[:real], c.task)
+                if last_of_group:
+                    s.step(self.optimizer, self.scaler)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if self.scheduler is not None:
+                        self.scheduler.step()
+                    self.step += 1
+                    self.batch_in_epoch = b + 1
+                    if (self.snapshots and c.save_every_steps and self.step % c.save_every_steps == 0
+                            and self.batch_in_epoch < total_batches):
+                        self.save_snapshot()
+                bar.update(1, loss=float(loss.detach()))
+        finally:
+            bar.close()
+        return totals
+
+    def _autocast(self) -> Any:
+        if not self.config.amp:
+            return nullcontext()
+        device = self.strategy.device.type
+        dtype = torch.float16 if device == "cuda" else torch.bfloat16
+        return torch.autocast(device_type=device, dtype=dtype)
+
+    @torch.no_grad()
+    def evaluate(self) -> MetricTotals:
+        """Loss and accuracy (or RMSE) on the eval data, summed over ranks by item count."""
+        if self.eval_loader is None:
+            raise ValueError("evaluate() needs eval_data. HINT: pass eval_data=... to Trainer.")
+        c, s = self.config, self.strategy
+        model = s.unwrap(self.train_model)
+        was_training = model.training
+        model.eval()
+        loader = self.eval_loader
+        totals = MetricTotals()
+        try:
+            for b, (features, targets) in enumerate(loader.epoch(0)):
+                features, targets = to_device(features, s.device), to_device(targets, s.device)
+                real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size, b)
+                with self._autocast():
+                    outputs = model(*as_arguments(features))
+                outputs, targets = outputs[:real].float(), targets[:real]
+                totals.add(self.loss_fn(outputs, targets), outputs, targets, c.task)
+        finally:
+            model.train(was_training)
+        return totals.reduce(s.sum)
+
+    # --- snapshots --------------------------------------------------------------------------
+
+    def _gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``row`` stacked in rank order (a sum of zero-padded rows: any strategy can do it)."""
+        s = self.strategy
+        table = torch.zeros((s.world_size, row.numel()), dtype=row.dtype)
+        table[s.rank] = row.reshape(-1)
+        return s.sum(table)
+
+    def state(self) -> dict[str, Any]:
+        """What a snapshot holds (collective: every rank must call it)."""
+        states = rng.capture()
+        return {
+            "model": self.strategy.unwrap(self.train_model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch,
+            "step": self.step,
+            "batch_in_epoch": self.batch_in_epoch,
+            "world_size": self.strategy.world_size,
+            "batch_size": self.train_loader.batch_size,
+            "rng": {key: self._gather_rows(value) for key, value in states.items()},
+            "fingerprint": self.fingerprint,
+            "config": {k: v for k, v in self.config.as_dict().items() if k != "snapshot_dir"},
+        }
+
+    def save_snapshot(self) -> Path | None:
+        """Write a snapshot from rank 0 (collective); returns its path on every rank."""
+        if self.snapshots is None:
+            raise ValueError("save_snapshot() needs a snapshot folder. HINT: set snapshot_dir in "
+                             "TrainerConfig.")
+        state = self.state()
+        path = self.snapshots.folder / f"snapshot-{self.step:09d}.pt"
+        if self.strategy.rank == 0:
+            path = self.snapshots.save(state, self.step)
+        # nobody runs ahead of a snapshot that is not on disk yet
+        self.strategy.sum(torch.zeros(1))
+        return path
+
+    def resume(self) -> Path | None:
+        """Load the newest complete snapshot, if resuming is on and there is one; returns its path."""
+        if self.snapshots is None or not self.config.resume:
+            return None
+        if self.strategy.rank == 0:
+            self.snapshots.remove_stale_temporaries()
+        self.strategy.sum(torch.zeros(1))  # the listing happens after the clean-up, on every rank
+        path = self.snapshots.latest()
+        if path is None:
+            return None
+        body = self.snapshots.load(path, self.fingerprint)
+        self.load_state(body, path)
+        self.resumed_from = path
+        return path
+
+    def load_state(self, body: dict[str, Any], path: Path | str = "<state>") -> None:
+        """Restore model, optimizer, scheduler, scaler, counters and RNGs from a snapshot body."""
+        s = self.strategy
+        try:
+            s.unwrap(self.train_model).load_state_dict(body["model"])
+            self.optimizer.load_state_dict(body["optimizer"])
+            if self.scheduler is not None and body.get("scheduler") is not None:
+                self.scheduler.load_state_dict(body["scheduler"])
+            if self.scaler is not None and body.get("scaler") is not None:
+                self.scaler.load_state_dict(body["scaler"])
+            self.epoch, self.step = int(body["epoch"]), int(body["step"])
+            self.batch_in_epoch = int(body["batch_in_epoch"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+            raise SnapshotError(f"{path} does not fit this model and optimizer ({exc}). HINT: use another "
+                                "--snapshot-dir, or delete the snapshots there to start afresh.") from None
+        same_layout = (int(body.get("world_size", -1)) == s.world_size
+                       and int(body.get("batch_size", -1)) == self.train_loader.batch_size)
+        if same_layout:
+            rng.restore({key: rows[s.rank] for key, rows in body["rng"].items()})
+        else:
+            rng.seed_everything(self.config.seed + s.rank + 7919 * self.step)
+            if self.batch_in_epoch:
+                self.out.warn(f"{path} was written by {body.get('world_size')} rank(s) with batch size "
+                              f"{body.get('batch_size')}; now {s.world_size} x "
+                              f"{self.train_loader.batch_size}: "
+                              f"epoch {self.epoch + 1} restarts from its beginning.")
+                self.batch_in_epoch = 0
+        if self.epoch >= self.config.epochs and self.batch_in_epoch == 0:
+            self.out.print(f"{path} already holds {self.epoch} epoch(s) (epochs={self.config.epochs}): "
+                           "nothing left to train.")
+
+
+def final_metric(result: EpochResult, task: str) -> float:
+    """Accuracy for classification, RMSE for regression."""
+    return result.accuracy if task == "classification" else result.rmse
+
+
+__all__ = ["Trainer", "final_metric"]
