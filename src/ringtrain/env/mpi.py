@@ -15,6 +15,9 @@ Each class names the variables its launcher sets; the rules they share live in
   (``OMPI_MCA_ess_base_jobid``, ``PMIX_NAMESPACE``, ``PMI_JOBID``, ``PALS_APID``), else of the
   allocation's job id, else 29500. Every process of the job computes the same value.
 
+``PMIX_SERVER_URI*`` is not used for the address: it names this node's PMIx server (the local
+daemon, 127.0.0.1 under Open MPI 4.1), not rank 0's host.
+
 Note that ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index: Open MPI documents it as the rank of
 the process among all processes on its node, so the node rank is derived from rank and local size.
 """
