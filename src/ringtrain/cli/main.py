@@ -18,6 +18,7 @@ from ringtrain.cli.errors import UsageError
 COMMANDS: tuple[str, ...] = (
     "run",
     "check",
+    "train",
     "env",
     "script",
 )

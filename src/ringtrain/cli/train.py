@@ -1,0 +1,119 @@
+"""``ringtrain train WORKLOAD``: train a built-in workload on one or more ranks.
+
+Parses flags into a ``TrainJob`` and hands it to ``ringtrain.train.job.launch_job``; nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ringtrain.cli.errors import UsageError
+
+WORKLOAD_CHOICES = ("mnist", "fashion-mnist", "cifar10", "movielens", "synthetic", "synthetic-ratings")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``train`` subcommand."""
+    p = subparsers.add_parser(
+        "train", help="train a built-in workload (mnist, fashion-mnist, cifar10, movielens, synthetic)",
+        description="Train a built-in workload data-parallel. With -np N > 1 the ranks are started "
+                    "through `ringtrain run`. Defaults come from the workload.")
+    p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
+    p.add_argument("-np", "--num-proc", dest="np", type=_int, default=1, help="ranks on this machine (1)")
+    run = p.add_argument_group("training")
+    run.add_argument("--epochs", type=_int, help="epochs in total (workload default)")
+    run.add_argument("--batch-size", type=_int, help="items per batch on each rank (workload default)")
+    run.add_argument("--lr", type=_float, help="learning rate of one rank (workload default)")
+    run.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer (workload default)")
+    run.add_argument("--momentum", type=_float, help="SGD momentum (workload default)")
+    run.add_argument("--weight-decay", type=_float, help="L2 penalty (workload default)")
+    run.add_argument("--arch", help="model architecture of the workload (its default)")
+    run.add_argument("--strategy", choices=("ddp", "horovod"), default="ddp",
+                     help="DistributedDataParallel or ringtrain's Horovod DistributedOptimizer (ddp)")
+    run.add_argument("--fp16-allreduce", action="store_true", help="send gradients as float16")
+    run.add_argument("--batches-per-allreduce", type=_int, default=1,
+                     help="micro-batches accumulated locally per allreduce and step (1)")
+    run.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
+    run.add_argument("--scale-lr", action="store_true",
+                     help="multiply the lr by ranks x batches-per-allreduce (Goyal et al.)")
+    run.add_argument("--warmup-epochs", type=_float, default=0.0,
+                     help="ramp the scaled lr up linearly over this many epochs (needs --scale-lr)")
+    run.add_argument("--seed", type=_int, default=0, help="seed of data order, subset choice and RNGs (0)")
+    run.add_argument("--eval-every", type=_int, default=1, help="evaluate every N epochs (1)")
+    run.add_argument("--max-steps-per-epoch", type=_int, help="cut each epoch after N steps (quick trials)")
+    run.add_argument("--device", choices=("cpu", "cuda"), help="device (CUDA when available)")
+    run.add_argument("--threads", type=_int, help="torch threads per rank on CPU (cores / local ranks)")
+    run.add_argument("--num-workers", type=_int, default=0, help="DataLoader workers per rank (0)")
+    data = p.add_argument_group("data")
+    data.add_argument("--data-dir", help="folder holding the dataset files (default: built-in or cache)")
+    data.add_argument("--download", action="store_true", help="download missing files (md5 verified)")
+    data.add_argument("--cache-dir", help="where downloads go")
+    data.add_argument("--subset", type=_int, help="keep at most N items of each split (seeded)")
+    snap = p.add_argument_group("snapshots")
+    snap.add_argument("--save-every", type=_int,
+                      help="snapshot every N epochs (1 when --snapshot-dir is given)")
+    snap.add_argument("--save-every-steps", type=_int, help="also snapshot every N optimizer steps")
+    snap.add_argument("--snapshot-dir", help="snapshot folder, resumed from automatically "
+                                             "(default with --save-every: ringtrain-snapshots/WORKLOAD)")
+    snap.add_argument("--keep-last", type=_int, default=3, help="snapshots to keep (3)")
+    snap.add_argument("--no-resume", dest="resume", action="store_false",
+                      help="start afresh even if the snapshot folder holds snapshots")
+    out = p.add_argument_group("output")
+    out.add_argument("--log-dir", help="write metrics.csv (and TensorBoard events) here")
+    out.add_argument("--results-json", help="write the per-epoch results here as JSON")
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Build the job from the flags and run it."""
+    from ringtrain.train.config import TrainerConfig
+    from ringtrain.train.job import TrainJob, input_errors, launch_job
+    from ringtrain.workloads import get_workload
+
+    defaults = get_workload(args.workload).defaults
+    if args.save_every is not None and args.save_every < 1:
+        raise UsageError(f"--save-every {args.save_every} must be at least 1 (epochs between snapshots). "
+                         "HINT: use --save-every 1, or leave it out for no snapshots.")
+    snapshot_dir = args.snapshot_dir
+    if snapshot_dir is None and (args.save_every or args.save_every_steps):
+        snapshot_dir = f"ringtrain-snapshots/{args.workload}"
+    save_every = args.save_every if args.save_every is not None else (1 if snapshot_dir else None)
+    try:
+        config = TrainerConfig(
+            epochs=args.epochs if args.epochs is not None else defaults.epochs,
+            batch_size=args.batch_size if args.batch_size is not None else defaults.batch_size,
+            strategy=args.strategy, fp16_allreduce=args.fp16_allreduce,
+            batches_per_allreduce=args.batches_per_allreduce, amp=args.amp, scale_lr=args.scale_lr,
+            warmup_epochs=args.warmup_epochs, seed=args.seed, save_every=save_every,
+            save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,
+            resume=args.resume, eval_every=args.eval_every, threads=args.threads,
+            num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
+            max_steps_per_epoch=args.max_steps_per_epoch)
+        job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
+                       download=args.download, cache_dir=args.cache_dir, subset=args.subset, arch=args.arch,
+                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                       weight_decay=args.weight_decay, results_json=args.results_json)
+        return launch_job(job)
+    except input_errors() as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        # TrainerConfig / TrainJob validation (raised before any rank starts)
+        if "HINT:" in str(exc):
+            raise UsageError(str(exc)) from None
+        raise

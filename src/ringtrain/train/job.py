@@ -1,0 +1,197 @@
+"""A built-in workload run: ``TrainJob`` (what to train), ``run_job`` (one rank), ``launch_job`` (all).
+
+``ringtrain train`` builds a ``TrainJob`` from its flags and calls ``launch_job``. With one process
+the job runs in the calling process; with more, each rank runs ``python -m ringtrain.train.worker``
+on a JSON copy of the job, started through ``ringtrain run``'s launcher. A rank that meets bad input
+(missing data, a damaged snapshot, ...) writes the message to an error file and exits 2, so the
+caller can report it as a usage error rather than a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ringtrain.train.config import TrainerConfig
+from ringtrain.train.metrics import EpochResult
+from ringtrain.train.snapshots import SnapshotError, SnapshotManager
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+class JobError(ValueError):
+    """Bad input to a training job (the message names the value and ends with ``HINT:``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """A built-in workload with its data, optimizer and Trainer settings."""
+
+    workload: str
+    """Registry name (``mnist``, ``movielens``, ...)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    nproc: int = 1
+    """Ranks on this machine."""
+    data_dir: str | None = None
+    download: bool = False
+    cache_dir: str | None = None
+    subset: int | None = None
+    """Keep at most this many items of each split (seeded choice)."""
+    arch: str | None = None
+    """Model architecture of the workload (None: its default)."""
+    optimizer: str | None = None
+    """``sgd``, ``adam`` or ``adamw`` (None: the workload's default)."""
+    lr: float | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    results_json: str | None = None
+    """Rank 0 writes the per-epoch results here as JSON."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise JobError(f"-np {self.nproc} must be at least 1. HINT: use -np 1, or -np 2 for two ranks.")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise JobError(f"--optimizer {self.optimizer!r} is not known. "
+                           f"HINT: use one of {list(OPTIMIZERS)}.")
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise JobError(f"--lr {self.lr} must be a positive number. HINT: use e.g. --lr 0.001.")
+        for name in ("momentum", "weight_decay"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise JobError(f"--{name.replace('_', '-')} {value} must be >= 0. HINT: use e.g. 0.9 or 0.")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
+                           f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
+
+    def to_json(self) -> str:
+        """The job as JSON (the worker's input)."""
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "trainer"}
+        body["trainer"] = self.trainer.as_dict()
+        return json.dumps(body, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainJob:
+        """The inverse of ``to_json``."""
+        body = json.loads(text)
+        body["trainer"] = TrainerConfig(**body["trainer"])
+        return cls(**body)
+
+
+def build_optimizer(name: str, params: Any, lr: float, momentum: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """A torch optimizer by name."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+
+
+def input_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean bad input (reported without a traceback, exit code 2)."""
+    from ringtrain.workloads import DataError
+    from ringtrain.workloads.registry import UnknownWorkloadError
+
+    return (JobError, SnapshotError, DataError, UnknownWorkloadError)
+
+
+def run_job(job: TrainJob) -> list[EpochResult]:
+    """Train ``job`` as this rank (every rank of the job calls this); returns the epochs trained."""
+    from ringtrain.train.trainer import Trainer
+    from ringtrain.workloads import get_workload
+
+    workload = get_workload(job.workload)
+    train_ds, test_ds = workload.datasets(data_dir=job.data_dir, download=job.download,
+                                          cache_dir=job.cache_dir, subset=job.subset, seed=job.trainer.seed)
+    # the same initial weights on every rank, whatever the strategy broadcasts
+    torch.manual_seed(job.trainer.seed)
+    model = workload.model(job.arch)
+    d = workload.defaults
+    optimizer = build_optimizer(job.optimizer or d.optimizer, model.parameters(), job.lr or d.lr,
+                                d.momentum if job.momentum is None else job.momentum,
+                                d.weight_decay if job.weight_decay is None else job.weight_decay)
+    config = job.trainer
+    if config.task != workload.task:
+        config = config.replace(task=workload.task)
+    trainer = Trainer(model, optimizer, workload.loss(), train_ds, test_ds, config)
+    try:
+        history = trainer.train()
+        if trainer.strategy.rank == 0:
+            _report(trainer, history, job)
+    finally:
+        trainer.close()
+    return history
+
+
+def _report(trainer: Any, history: list[EpochResult], job: TrainJob) -> None:
+    config = trainer.config
+    if history:
+        last = history[-1]
+        metric = (f"test accuracy {100 * last.accuracy:.2f}%" if config.task == "classification"
+                  else f"test RMSE {last.rmse:.4f}")
+        total = sum(r.seconds for r in history)
+        print(f"done: {len(history)} epoch(s) in {total:.1f}s, {metric}", flush=True)
+    if trainer.snapshots is not None:
+        latest = trainer.snapshots.latest()
+        where = latest if latest else f"{trainer.snapshots.folder} (none written)"
+        print(f"snapshot: {where}", flush=True)
+    if job.results_json:
+        rows = [dataclasses.asdict(r) for r in history]
+        body = {"workload": job.workload, "world_size": trainer.strategy.world_size,
+                "strategy": config.strategy, "epochs": rows,
+                "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None}
+        Path(job.results_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.results_json).write_text(json.dumps(body, indent=1, default=float))
+
+
+def check_snapshot_dir(job: TrainJob) -> None:
+    """Fail early, before starting ranks, when the snapshot to resume cannot be read."""
+    config = job.trainer
+    if not config.snapshot_dir or not config.resume:
+        return
+    manager = SnapshotManager(config.snapshot_dir, config.keep_last)
+    latest = manager.latest()
+    if latest is not None:
+        manager.load(latest)
+
+
+def launch_job(job: TrainJob) -> int:
+    """Run ``job`` on ``job.nproc`` ranks; returns 0, or raises an ``input_errors()`` type for bad input."""
+    check_snapshot_dir(job)
+    if job.nproc == 1:
+        run_job(job)
+        return 0
+    from ringtrain.launch.config import LaunchConfig
+    from ringtrain.launch.driver import launch
+
+    folder = Path(tempfile.mkdtemp(prefix="ringtrain-train-"))
+    try:
+        spec = folder / "job.json"
+        spec.write_text(job.to_json())
+        errors = folder / "errors"
+        errors.mkdir()
+        command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
+                   "--error-dir", str(errors))
+        code = launch(LaunchConfig(command=command, num_proc=job.nproc))
+        messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+        if code != 0 and messages:
+            raise JobError(messages[0].read_text().strip())
+        return code
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:
+    """Leave a rank's input error where ``launch_job`` looks for it."""
+    path = Path(folder) / f"rank-{rank}.txt"
+    path.write_text(message + "\n")

@@ -1,0 +1,42 @@
+"""One rank of ``ringtrain train``: ``python -m ringtrain.train.worker --job JOB.json [--error-dir DIR]``.
+
+Started by ``ringtrain run`` (or any launcher: torchrun, srun, mpirun) on every rank.
+Bad input exits 2 with the message on stderr (and in ``DIR/rank-N.txt``); anything else is a crash
+whose traceback reaches the launcher's root-cause report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ringtrain.train.job import TrainJob, input_errors, run_job, write_error
+
+
+@record
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one rank of the job described by ``--job``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m ringtrain.train.worker")
+    parser.add_argument("--job", required=True, help="JSON file written by ringtrain train")
+    parser.add_argument("--error-dir", help="folder for rank-N.txt files holding input errors")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
+    try:
+        with open(args.job, encoding="utf-8") as fp:
+            job = TrainJob.from_json(fp.read())
+        run_job(job)
+    except input_errors() as exc:
+        message = str(exc)
+        if args.error_dir:
+            write_error(args.error_dir, rank, message)
+        print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
