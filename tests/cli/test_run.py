@@ -161,6 +161,9 @@ def test_check_build(capsys):
     assert "[X] Gloo" in capsys.readouterr().out
 
 
+ODD_ARGUMENT = "cost $$5 ${local_rank} $HOME 'q' \"dq\""
+
+
 def read_ranks(folder: Path) -> dict[int, dict]:
     return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
 
@@ -168,6 +171,8 @@ def read_ranks(folder: Path) -> dict[int, dict]:
 @pytest.mark.parametrize("nproc", [1, 2, 4])
 def test_local_ranks_get_torch_and_horovod_variables(nproc, tmp_path, capsys):
     argv = ["-np", str(nproc), "python", REPORT_ENV, str(tmp_path)]
+    if nproc == 1:  # arguments reach the program unchanged, "$" included
+        argv.append(ODD_ARGUMENT)
     if nproc == 2:
         argv = ["--nproc-per-node", "2", "--output-filename", str(tmp_path / "logs"), "python", REPORT_ENV,
                 str(tmp_path)]
@@ -182,6 +187,8 @@ def test_local_ranks_get_torch_and_horovod_variables(nproc, tmp_path, capsys):
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
         assert env["HOROVOD_CONTROLLER"] == "gloo"
         assert env["PYTHONUNBUFFERED"] == "1"
+    if nproc == 1:
+        assert ranks[0]["argv"] == [str(tmp_path), ODD_ARGUMENT]
     out = capsys.readouterr().out
     assert "[0] hello from rank 0" in out
     if nproc == 2:

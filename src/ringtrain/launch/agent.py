@@ -160,7 +160,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in spec.node_slots)
     if spec.node_hosts:
         env["RINGTRAIN_NODE_HOSTS"] = ",".join(spec.node_hosts)
-    args = ["-u", "-m", "ringtrain.launch.worker_entry", *command]
+    # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
+    # into "$"; doubling each "$" hands the user's arguments over unchanged.
+    args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
     try:
         with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
             launch_agent(torch_config, sys.executable, args)

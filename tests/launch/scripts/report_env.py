@@ -11,7 +11,7 @@ rank = os.environ["RANK"]
 prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_")
 keys = [k for k in os.environ if k.startswith(prefixes)]
 with open(os.path.join(out, f"{rank}.json"), "w") as fp:
-    json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid()}, fp)
+    json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid(), "argv": sys.argv[1:]}, fp)
 print(f"hello from rank {rank}", flush=True)
 if mode == "fail" and rank == "1":
     raise ValueError("rank one gives up")
