@@ -156,6 +156,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         monitor_interval=0.1, log_line_prefix_template=LINE_PREFIX,
     )
     env = dict(spec.env)
+    # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
     if spec.node_slots:
         env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in spec.node_slots)
     if spec.node_hosts:
