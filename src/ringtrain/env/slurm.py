@@ -19,7 +19,6 @@ missing-``srun`` warning of a shell.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from ringtrain.env.base import (
@@ -30,6 +29,9 @@ from ringtrain.env.base import (
     read_int,
     same_host,
 )
+from ringtrain.env.hostlist import expand_nodelist, parse_tasks_per_node
+
+__all__ = ["SlurmEnvironment", "SlurmShellEnvironment", "expand_nodelist", "parse_tasks_per_node"]
 
 #: Job names of interactive allocations (salloc, srun --pty bash): their shells start ranks by hand.
 INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
@@ -41,85 +43,6 @@ _VARS = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLUR
          "SLURM_JOB_NUM_NODES", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
          "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURMD_NODENAME",
          "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
-
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas that are not inside brackets."""
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise EnvironmentError_(f"node list {text!r} has a ']' without '['. HINT: pass the value "
-                                        "of SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if depth:
-        raise EnvironmentError_(f"node list {text!r} has an unclosed '['. HINT: pass the value of "
-                                "SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
-    parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _expand_ranges(text: str, body: str) -> list[str]:
-    """``01-03,7`` -> ``['01', '02', '03', '7']``, keeping the zero padding of each range's start."""
-    out: list[str] = []
-    for item in body.split(","):
-        match = _RANGE.match(item.strip())
-        if not match:
-            raise EnvironmentError_(f"node list {text!r}: {item!r} is not a number or a range like 01-04. "
-                                    "HINT: pass the value of SLURM_JOB_NODELIST unchanged.")
-        start, end = match.group(1), match.group(2) or match.group(1)
-        if int(end) < int(start):
-            raise EnvironmentError_(f"node list {text!r}: range {item!r} runs backwards. "
-                                    "HINT: write ranges low-high, e.g. 01-04.")
-        width = len(start)
-        out.extend(str(n).zfill(width) for n in range(int(start), int(end) + 1))
-    return out
-
-
-def _expand_one(text: str, entry: str) -> list[str]:
-    """One host expression, possibly with several bracket groups: ``r[1-2]n[1-2]`` gives four hosts."""
-    bracket = entry.find("[")
-    if bracket < 0:
-        return [entry]
-    close = entry.index("]", bracket)
-    prefix, body, rest = entry[:bracket], entry[bracket + 1:close], entry[close + 1:]
-    tails = _expand_one(text, rest) if rest else [""]
-    return [prefix + number + tail for number in _expand_ranges(text, body) for tail in tails]
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Expand a Slurm host list: ``node[01-03,07],gpu-a1`` -> ``node01 node02 node03 node07 gpu-a1``.
-
-    Handles several groups, zero padding, dashes in prefixes, several bracket groups in one name and
-    plain comma-separated lists. Raises :class:`EnvironmentError_` (a ``ValueError``) on malformed text.
-    """
-    hosts: list[str] = []
-    for entry in _split_top_level(text.strip()):
-        hosts.extend(_expand_one(text, entry))
-    return hosts
-
-
-def parse_tasks_per_node(text: str) -> list[int]:
-    """Expand Slurm's compressed task counts: ``4(x2),2`` -> ``[4, 4, 2]``."""
-    counts: list[int] = []
-    for item in text.strip().split(","):
-        match = _TASKS.match(item.strip())
-        if not match:
-            raise EnvironmentError_(f"tasks per node {text!r}: {item!r} is not N or N(xM). "
-                                    "HINT: pass the value of SLURM_TASKS_PER_NODE unchanged, e.g. 4(x2),2.")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts
-
 
 def _job_id(environ: Mapping[str, str]) -> str:
     return environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
