@@ -10,8 +10,9 @@ import torch
 from tests.examples.cifar_batches import write_cifar10
 from tests.examples.launch import explain, run_example, unprefixed
 
-# Small batches and a low rate: 160 images, 3 optimizer steps per epoch, BatchNorm on 16 images.
-COMMON = ["--data-dir", "data", "--batch-size", "16", "--batches-per-allreduce", "2", "--fp16-allreduce",
+# ResNet-18 is heavy for a shared CPU: 80 images, sub-batches of 8, two per allreduce, so each worker
+# takes 3 optimizer steps per epoch; a low rate keeps BatchNorm on 8 images stable.
+COMMON = ["--data-dir", "data", "--batch-size", "8", "--batches-per-allreduce", "2", "--fp16-allreduce",
           "--base-lr", "0.005", "--warmup-epochs", "1", "--log-dir", "logs",
           "--checkpoint-format", "ckpt/checkpoint-{epoch}.pth.tar"]
 
@@ -22,26 +23,27 @@ def _train_losses(text: str) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_trains_checkpoints_and_resumes(tmp_path) -> None:
-    write_cifar10(tmp_path / "data", per_batch=32, test_size=64)
+    write_cifar10(tmp_path / "data", per_batch=16, test_size=32)
 
-    first = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "2"], cwd=tmp_path)
+    first = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "1"], cwd=tmp_path)
     assert first.returncode == 0, explain(first)
     losses = _train_losses(unprefixed(first.stdout))
-    assert sorted(losses) == [1, 2], explain(first)
-    assert "2 workers, global batch 64, 160 training images" in first.stdout, explain(first)
-    written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert written == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
-    checkpoint = torch.load(tmp_path / "ckpt" / "checkpoint-2.pth.tar")
-    assert checkpoint["epoch"] == 2
+    assert sorted(losses) == [1], explain(first)
+    assert "2 workers, global batch 32, 80 training images, epochs 1..1" in first.stdout, explain(first)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["checkpoint-1.pth.tar"]
+    checkpoint = torch.load(tmp_path / "ckpt" / "checkpoint-1.pth.tar")
+    assert checkpoint["epoch"] == 1
     assert set(checkpoint) == {"model", "optimizer", "epoch"}
+    assert checkpoint["optimizer"]["state"], "the checkpoint lacks the SGD momentum buffers"
     assert list((tmp_path / "logs").glob("events.out.tfevents.*")), "rank 0 wrote no TensorBoard events"
 
-    second = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "3", "--resume"], cwd=tmp_path)
+    second = run_example("horovod_cifar10_resnet.py", [*COMMON, "--epochs", "2", "--resume"], cwd=tmp_path)
     assert second.returncode == 0, explain(second)
-    assert "resumed from checkpoint of epoch 2" in second.stdout, explain(second)
+    assert "resumed from checkpoint of epoch 1" in second.stdout, explain(second)
+    assert "epochs 2..2" in second.stdout, explain(second)
     resumed = _train_losses(unprefixed(second.stdout))
-    assert sorted(resumed) == [3], explain(second)
-    # The third epoch starts from the trained weights: it ends below where training began.
-    assert resumed[3] < losses[1], (losses, resumed)
-    assert (tmp_path / "ckpt" / "checkpoint-3.pth.tar").exists()
-    assert not list((tmp_path / "ckpt").glob("*.partial"))
+    assert sorted(resumed) == [2], explain(second)
+    # The second epoch goes on from the trained weights: its loss is well below the first epoch's.
+    assert resumed[2] < 0.8 * losses[1], (losses, resumed)
+    written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert written == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]

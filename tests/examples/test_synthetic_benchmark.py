@@ -10,10 +10,11 @@ from tests.examples.launch import EXAMPLES, explain, run_example, unprefixed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "extra"), [("mnist-cnn", ["--fp16-allreduce"]), ("resnet18", [])])
-def test_reports_throughput(model: str, extra: list[str]) -> None:
+def test_reports_throughput() -> None:
+    # ResNet-18 (the default) runs in the CIFAR-10 example's test; a small model keeps this one fast.
+    model = "mnist-cnn"
     args = ["--model", model, "--batch-size", "4", "--num-warmup-batches", "2", "--num-batches-per-iter", "2",
-            "--num-iters", "3", *extra]
+            "--num-iters", "3", "--fp16-allreduce"]
     result = run_example("synthetic_benchmark.py", args)
     assert result.returncode == 0, explain(result)
     out = unprefixed(result.stdout)
