@@ -51,3 +51,17 @@ def test_plain_env_on_one_node_needs_no_master_addr() -> None:
     env = detect_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     assert env.validate() == []
     assert env.main_address() == "127.0.0.1"
+
+
+def test_deepspeed_launcher_names() -> None:
+    env = detect_environment({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_SIZE": "4",
+                              "CROSS_RANK": "1", "CROSS_SIZE": "2", "MASTER_ADDR": "n0"})
+    p = env.placement()
+    assert (p.environment, p.local_world_size, p.node_rank, p.num_nodes) == ("env", 4, 1, 2)
+    assert env.validate() == []
+
+
+def test_lightning_node_rank() -> None:
+    env = detect_environment({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                              "NODE_RANK": "1", "MASTER_ADDR": "n0"})
+    assert (env.node_rank(), env.num_nodes()) == (1, 2)

@@ -1,4 +1,8 @@
-"""torchrun / torch.distributed.elastic, and plain env:// (RANK and WORLD_SIZE set by hand or a platform)."""
+"""torchrun / torch.distributed.elastic, and plain env:// (RANK and WORLD_SIZE set by hand or a platform).
+
+Plain env:// also covers launchers that set torch's names plus a few of their own: DeepSpeed's
+``LOCAL_SIZE`` and ``CROSS_RANK`` / ``CROSS_SIZE`` (node index and count), Lightning's ``NODE_RANK``.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,13 @@ from collections.abc import Mapping
 
 from ringtrain.env.base import ClusterEnvironment, EnvironmentError_, read_int
 
-_TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK",
+               "GROUP_WORLD_SIZE", "NODE_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHELASTIC_RUN_ID")
+#: Where each value may come from, most specific first.
+_LOCAL_SIZE = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")
+_NODE_RANK = ("GROUP_RANK", "NODE_RANK", "CROSS_RANK")
+_NUM_NODES = ("GROUP_WORLD_SIZE", "CROSS_SIZE")
 
 
 class EnvVarsEnvironment(ClusterEnvironment):
@@ -29,21 +38,24 @@ class EnvVarsEnvironment(ClusterEnvironment):
         return read_int(self.environ, "LOCAL_RANK", 0)
 
     def local_world_size(self) -> int:
-        return read_int(self.environ, "LOCAL_WORLD_SIZE", 1 if "LOCAL_RANK" not in self.environ
-                        else self.world_size())
+        for name in _LOCAL_SIZE:
+            if name in self.environ:
+                return read_int(self.environ, name)
+        return 1 if "LOCAL_RANK" not in self.environ else self.world_size()
 
     def node_rank(self) -> int:
-        for name in ("GROUP_RANK", "NODE_RANK"):
+        for name in _NODE_RANK:
             if name in self.environ:
                 return read_int(self.environ, name)
         return super().node_rank()
 
     def node_rank_is_derived(self) -> bool:
-        return "GROUP_RANK" not in self.environ and "NODE_RANK" not in self.environ
+        return not any(name in self.environ for name in _NODE_RANK)
 
     def num_nodes(self) -> int:
-        if "GROUP_WORLD_SIZE" in self.environ:
-            return read_int(self.environ, "GROUP_WORLD_SIZE")
+        for name in _NUM_NODES:
+            if name in self.environ:
+                return read_int(self.environ, name)
         return super().num_nodes()
 
     def source_variables(self) -> dict[str, str]:
