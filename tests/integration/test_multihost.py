@@ -1,0 +1,116 @@
+"""``ringtrain run -H hostA:1,hostB:1`` across two hosts in network namespaces, reached over ssh.
+
+The launcher runs on hostA; rank 1 lives on hostB behind sshd, across a 1 Gbit/s veth link.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.netns import NamespaceHosts
+from tests.integration.system import (
+    ROOT,
+    SHARED_DATA,
+    clean_env,
+    ringtrain_argv,
+    ringtrain_has_command,
+    skip_unless_collectives,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "mnist_cnn_multihost.py"
+MNIST = SHARED_DATA / "mnist"
+
+
+@pytest.fixture
+def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
+    """The namespace hosts, once ringtrain can launch and reduce across them."""
+    if not ringtrain_has_command("run"):
+        pytest.skip("`ringtrain run` is not registered yet (ringtrain.cli.run)")
+    skip_unless_collectives()
+    if not (MNIST / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"real MNIST not found under {MNIST} (the shared data folder beside the repo)")
+    return netns_hosts
+
+
+def _run_argv(hosts: NamespaceHosts, host_list: str, *command: str, start_timeout: int = 120) -> list[str]:
+    return ringtrain_argv("run", "-np", "2", "-H", host_list, "-i", str(hosts.key),
+                          "--start-timeout", str(start_timeout), *command)
+
+
+def _train_command(*extra: str) -> list[str]:
+    return [sys.executable, str(EXAMPLE), "--data-dir", str(MNIST), "--train-samples", "1024",
+            "--test-samples", "500", "--log-every", "4", *extra]
+
+
+def test_mnist_cnn_trains_across_two_hosts(hosts: NamespaceHosts) -> None:
+    result = hosts.run("hostA", _run_argv(hosts, "hostA:1,hostB:1", *_train_command("--epochs", "2")),
+                       timeout=540, cwd=ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "rank 0 of 2 on hostA" in output
+    assert "rank 1 of 2 on hostB" in output
+    final = [line for line in output.splitlines() if "final: " in line]
+    assert len(final) == 1, output
+    assert "32 steps on 2 ranks" in final[0]  # 2 epochs x (512 images per rank / 32 per batch)
+    accuracy = float(final[0].rsplit("test accuracy", 1)[1])
+    assert accuracy > 0.3, final[0]  # chance is 0.1; 32 real steps reach well above it
+
+
+def _remote_rank_pid(hosts: NamespaceHosts, script: str) -> int | None:
+    """The training process of rank 1 on hostB (not the ssh session or an agent wrapping it)."""
+    found = {}
+    for pid in hosts.pids("hostB"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if any(script.encode() in part for part in cmdline) and b"RANK=1" in environ:
+            found[pid] = ppid
+    leaves = [pid for pid in found if pid not in found.values()]
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def test_killed_remote_rank_fails_the_job_naming_its_host(hosts: NamespaceHosts, tmp_path: Path) -> None:
+    log = tmp_path / "launcher.log"
+    argv = hosts.command("hostA", _run_argv(hosts, "hostA:1,hostB:1", *_train_command("--epochs", "1000")))
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=clean_env(), cwd=ROOT)
+    try:
+        wait_for(lambda: "step 4 " in log.read_text() or launcher.poll() is not None, 300,
+                 "training to start on both hosts", logs=[log])
+        assert launcher.poll() is None, log.read_text()
+        pid = _remote_rank_pid(hosts, EXAMPLE.name)
+        assert pid is not None, f"rank 1's process not found on hostB\n{log.read_text()}"
+        os.kill(pid, signal.SIGKILL)
+        code = launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = log.read_text()
+    assert code != 0, output
+    assert "hostB" in output
+    assert "SIGKILL" in output or "signal 9" in output, output
+
+
+def test_unreachable_host_is_reported_within_start_timeout(hosts: NamespaceHosts) -> None:
+    start_timeout = 15
+    argv = _run_argv(hosts, f"hostA:1,{hosts.unreachable}:1", sys.executable, "-c", "pass",
+                     start_timeout=start_timeout)
+    # The subprocess timeout is only a hang guard: the launcher must give up by itself.
+    result = hosts.run("hostA", argv, timeout=start_timeout + 120, cwd=ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert hosts.unreachable in output
+    assert "Traceback" not in output, output
