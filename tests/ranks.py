@@ -84,8 +84,8 @@ class RankPool:
         self._procs, self._conns = [], []
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, rank_env(rank, self.world_size, port, self.extra_env),
-                                                    child), daemon=True)
+            env = rank_env(rank, self.world_size, port, self.extra_env)
+            proc = ctx.Process(target=_worker, args=(rank, env, child), daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)
