@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.workloads.helpers import SHARED_DATA
 
@@ -16,6 +17,15 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "mnist").is_dir():
         pytest.skip(f"shared data folder {SHARED_DATA} is absent (it sits beside the repository in CI)")
     return SHARED_DATA.resolve()
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One compute thread, as every rank uses: the machine's few cores are shared by all tests."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

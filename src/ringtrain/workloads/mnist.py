@@ -149,7 +149,7 @@ class MnistWorkload(IdxImageWorkload):
     name = "mnist"
     spec = MNIST
     description = "MNIST digits, small CNN (offline: embedded 10k/2k real subset)"
-    defaults = Defaults(epochs=3, batch_size=64, lr=1e-3, optimizer="adam")
+    defaults = Defaults(epochs=4, batch_size=64, lr=1e-3, optimizer="adam")
     architectures = {"cnn": MnistCNN, "horovod": HorovodMnistNet}
 
 
