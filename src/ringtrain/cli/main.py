@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Data-parallel training for PyTorch, from one CPU core to many GPU nodes.",
     )
     parser.add_argument("--version", action="version", version=f"ringtrain {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"ringtrain.cli.{name}").register(subparsers)
     return parser
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"ringtrain {args.command}: error: {exc}", file=sys.stderr)
+        print(f"ringtrain {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

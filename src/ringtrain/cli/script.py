@@ -44,7 +44,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
                         help="shell line to run before the launch, e.g. 'module load cuda' (repeatable)")
     parser.add_argument("--pbs-resources", choices=["select", "nodes"], default="select",
                         help="PBS syntax: select=N:ncpus:mpiprocs (PBS Pro, default) or nodes=N:ppn (Torque)")
-    # dest "program": the top-level parser keeps the subcommand's name in args.command.
+    # dest "program" keeps the command separate from the subcommand name (args.subcommand).
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the program every rank runs, after --")
 
