@@ -48,7 +48,7 @@ def _run_argv(hosts: NamespaceHosts, host_list: str, *command: str, start_timeou
 
 def _train_command(*extra: str) -> list[str]:
     return [sys.executable, str(EXAMPLE), "--data-dir", str(MNIST), "--train-samples", "1024",
-            "--test-samples", "500", "--log-every", "4", *extra]
+            "--test-samples", "500", "--lr", "0.05", "--log-every", "4", *extra]
 
 
 def test_mnist_cnn_trains_across_two_hosts(hosts: NamespaceHosts) -> None:
@@ -62,7 +62,7 @@ def test_mnist_cnn_trains_across_two_hosts(hosts: NamespaceHosts) -> None:
     assert len(final) == 1, output
     assert "32 steps on 2 ranks" in final[0]  # 2 epochs x (512 images per rank / 32 per batch)
     accuracy = float(final[0].rsplit("test accuracy", 1)[1])
-    assert accuracy > 0.3, final[0]  # chance is 0.1; 32 real steps reach well above it
+    assert accuracy > 0.3, final[0]  # chance is 0.1; 32 steps at this rate reach about 0.6
 
 
 def _remote_rank_pid(hosts: NamespaceHosts, script: str) -> int | None:
