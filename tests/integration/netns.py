@@ -1,6 +1,8 @@
 """Hosts of our own: two network namespaces joined by a veth pair, each with its own sshd.
 
-``rt-hostA`` (10.231.0.1) and ``rt-hostB`` (10.231.0.2) see each other as ``hostA`` and ``hostB``.
+Namespaces ``rt<pid>-hostA`` (10.231.0.1) and ``rt<pid>-hostB`` (10.231.0.2) see each other as
+``hostA`` and ``hostB``. The pytest process id in the names keeps concurrent test sessions on one
+machine (a team sharing it) apart; sets left by a session that died are removed by the next one.
 Each host also gets its own UTS namespace, so ``hostname`` there says ``hostA``/``hostB`` and a
 launcher's "which host am I" logic is exercised for real. The file system is shared (one machine),
 so the repo, the venv and the data are at the same paths on both hosts, as on a cluster with a
@@ -18,7 +20,10 @@ Root logs in with a generated key (``AuthorizedKeysFile`` in the temp dir, ``Str
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ SUBNET = "10.231.0"
 #: An address on the link that nobody answers: a host that is down.
 UNREACHABLE_ADDRESS = f"{SUBNET}.99"
 NETNS_ETC = Path("/etc/netns")
+_OUR_NAMESPACE = re.compile(r"^rt(\d+)-host[AB]$")
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,8 @@ class NamespaceHosts:
     def __init__(self, root: Path, bandwidth: str | None = None) -> None:
         self.root = root
         self.bandwidth = bandwidth
-        self.hosts = {name: Host(name, f"rt-{name}", f"rt-veth{name[-1]}", f"{SUBNET}.{i}")
+        tag = f"rt{os.getpid()}"
+        self.hosts = {name: Host(name, f"{tag}-{name}", f"{tag}-v{name[-1]}", f"{SUBNET}.{i}")
                       for i, name in enumerate(("hostA", "hostB"), start=1)}
         #: A name that resolves (on both hosts) to an address where no host is: for unreachable-host tests.
         self.unreachable = "hostDown"
@@ -91,7 +98,8 @@ class NamespaceHosts:
 
     def start(self) -> None:
         """Create namespaces, link, name files, keys and sshds; wait until ssh works both ways."""
-        self.stop()  # a stale set from a killed session
+        remove_stale_namespaces()
+        self.stop()
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ringtrain-test",
                         "-f", str(self.key)], check=True)
         (self.root / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
@@ -182,10 +190,21 @@ class NamespaceHosts:
             pass
 
 
-def _kill(pid: int) -> None:
-    import os
-    import signal
+def remove_stale_namespaces() -> None:
+    """Delete namespace hosts (and their name files) whose test session is gone."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for namespace in {line.split()[0] for line in listing.splitlines() if line.strip()}:
+        match = _OUR_NAMESPACE.match(namespace)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            _kill(int(pid))
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        shutil.rmtree(NETNS_ETC / namespace, ignore_errors=True)
 
+
+def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -208,12 +227,13 @@ def start_hosts(root: Path, bandwidth: str | None = None) -> NamespaceHosts:
     """Started hosts, or a pytest skip naming what is missing."""
     skip_unless_root("network namespaces")
     skip_unless_commands("ip", "tc", "sshd", "ssh", "ssh-keygen", "unshare")
-    probe = subprocess.run(["ip", "netns", "add", "rt-probe"], capture_output=True, text=True)
+    probe_name = f"rt{os.getpid()}-probe"
+    probe = subprocess.run(["ip", "netns", "add", probe_name], capture_output=True, text=True)
     if probe.returncode != 0:
         import pytest
 
         pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
-    subprocess.run(["ip", "netns", "del", "rt-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", probe_name], capture_output=True)
     hosts = NamespaceHosts(root, bandwidth)
     try:
         hosts.start()
