@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.workloads import DataError
-from ringtrain.workloads.download import download, fetch_text, md5sum
+from ringtrain.workloads.download import download, fetch_text, md5sum, write_atomic
 from ringtrain.workloads.mnist import EMBEDDED_MNIST
 from tests.workloads.helpers import serve_folder
 
@@ -102,3 +102,10 @@ def test_fetch_text(tmp_path: Path) -> None:
         assert fetch_text(url + "f.md5").split()[0] == "abc123"
         with pytest.raises(DataError, match="could not read"):
             fetch_text(url + "absent.md5")
+
+
+def test_write_atomic_leaves_no_temporary_file(tmp_path: Path) -> None:
+    write_atomic(tmp_path / "a", b"one")
+    write_atomic(tmp_path / "a", b"two")
+    assert (tmp_path / "a").read_bytes() == b"two"
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]

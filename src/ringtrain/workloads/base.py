@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from ringtrain.workloads.dataset import TensorPairDataset
+from ringtrain.workloads.sources import DataSource
 
 TASKS = {"classification": "accuracy", "regression": "rmse"}
 """Each task and the metric it is judged by."""
@@ -60,6 +61,8 @@ class Workload(ABC):
     """One line for ``--help`` and logs."""
     architectures: Mapping[str, Callable[..., nn.Module]] = {}
     """Model constructors by name; the first is the default of ``model()``."""
+    source: DataSource | None = None
+    """Where the last ``datasets()`` call found its files (None before, and for generated data)."""
 
     @property
     def metric(self) -> str:

@@ -16,6 +16,7 @@ import torch
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.download import download as download_file
+from ringtrain.workloads.download import write_atomic
 from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.models.resnet import resnet18_cifar
 from ringtrain.workloads.sources import DataSource, locate
@@ -106,7 +107,7 @@ def fetch(folder: Path, mirrors: tuple[str, ...] = MIRRORS, md5: str = ARCHIVE_M
             if member.isfile() and name in (*TRAIN_BATCHES, TEST_BATCH, "batches.meta"):
                 source = tar.extractfile(member)
                 if source is not None:
-                    (folder / name).write_bytes(source.read())
+                    write_atomic(folder / name, source.read())
 
 
 class Cifar10Workload(Workload):

@@ -80,6 +80,23 @@ def download(urls: Sequence[str], dest: str | Path, md5: str, *, progress: bool 
                     "or pass data_dir= a folder that holds it.")
 
 
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    Several ranks of one node may unpack the same archive into a shared cache at once; with a
+    rename, none of them ever reads a file another is still writing.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp_name, path)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+
+
 def fetch_text(url: str, timeout: float = 60.0) -> str:
     """A small text file (such as a published ``.md5``) from ``url``; DataError when unreachable."""
     try:

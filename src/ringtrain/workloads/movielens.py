@@ -17,7 +17,7 @@ from torch import nn
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.download import download as download_file
-from ringtrain.workloads.download import fetch_text
+from ringtrain.workloads.download import fetch_text, write_atomic
 from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.models.recommender import BiasedMF, NeuralCF
 from ringtrain.workloads.sources import DataSource, locate
@@ -101,7 +101,7 @@ def fetch(folder: Path, mirrors: tuple[str, ...] = MIRRORS, md5: str | None = No
             name = Path(info.filename).name
             # flatten and keep only the known plain files: no path from the archive reaches the disk
             if name in (RATINGS, "movies.csv", "links.csv", "tags.csv", "README.txt"):
-                (folder / name).write_bytes(zf.read(info))
+                write_atomic(folder / name, zf.read(info))
 
 
 class MovieLensWorkload(Workload):
