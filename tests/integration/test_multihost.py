@@ -114,3 +114,14 @@ def test_unreachable_host_is_reported_within_start_timeout(hosts: NamespaceHosts
     assert result.returncode != 0, output
     assert hosts.unreachable in output
     assert "Traceback" not in output, output
+
+
+def test_check_passes_across_two_hosts(hosts: NamespaceHosts) -> None:
+    check = ringtrain_argv("check", "--sizes", "4K,1M", "--iterations", "3")
+    argv = _run_argv(hosts, "hostA:1,hostB:1", *check)
+    result = hosts.run("hostA", argv, timeout=300, cwd=ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "hello from rank 0 of 2 (host hostA, local rank 0, device cpu)" in output
+    assert "hello from rank 1 of 2 (host hostB, local rank 0, device cpu)" in output
+    assert "all checks passed on 2 rank(s)" in output
