@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "train",
     "env",
     "script",
+    "shim",
 )
 
 
