@@ -125,7 +125,7 @@ class SlurmCluster:
         self._procs.append(spawn_daemon(
             ["munged", "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
              f"--pid-file={munge_dir / 'munged.pid'}", f"--seed-file={munge_dir / 'munged.seed'}",
-             f"--log-file={self.root / 'munged.log'}"], self.root / "munged.out"))
+             f"--log-file={self.root / 'munged.log'}"], self.root / "munged.out", clean_env()))
         wait_for(self.munge_socket.exists, 20, "munged's socket", logs=self.logs)
 
     def _node_idle(self) -> bool:

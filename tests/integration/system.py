@@ -136,5 +136,8 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    # Daemons and ip/tc live in sbin, which a non-login root shell may lack on its PATH.
+    path = env.get("PATH", "/usr/bin:/bin").split(":")
+    env["PATH"] = ":".join(path + [d for d in ("/usr/sbin", "/sbin") if d not in path])
     env.update(extra or {})
     return env
