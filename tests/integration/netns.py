@@ -38,8 +38,11 @@ from tests.integration.system import (
 )
 
 SUBNET = "10.231.0"
-#: An address on the link that nobody answers: a host that is down.
+#: An address on the link that nobody answers: a host that is down (ARP fails: "No route to host").
 UNREACHABLE_ADDRESS = f"{SUBNET}.99"
+#: An address routed through hostB, which does not forward: packets vanish without an answer, like a
+#: firewall that drops them. Only a timeout ends a connection attempt.
+SILENT_ADDRESS = "10.231.1.5"
 NETNS_ETC = Path("/etc/netns")
 _OUR_NAMESPACE = re.compile(r"^rt(\d+)-host[AB]$")
 
@@ -65,6 +68,8 @@ class NamespaceHosts:
                       for i, name in enumerate(("hostA", "hostB"), start=1)}
         #: A name that resolves (on both hosts) to an address where no host is: for unreachable-host tests.
         self.unreachable = "hostDown"
+        #: A name whose packets are silently dropped (connection attempts hang until a timeout).
+        self.silent = "hostSilent"
         self.key = root / "id_ed25519"
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -122,6 +127,8 @@ class NamespaceHosts:
         (self.root / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         for host in (a, b):
             self._write_etc(host)
+        # hostA sends SILENT_ADDRESS's packets to hostB, whose namespace does not forward (the default).
+        _ip("-n", a.namespace, "route", "add", f"{SILENT_ADDRESS}/32", "via", b.address)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
         for host in (a, b):
             config = self._write_sshd_config(host)
@@ -143,14 +150,13 @@ class NamespaceHosts:
         etc = NETNS_ETC / host.namespace
         (etc / "ssh").mkdir(parents=True, exist_ok=True)
         names = [f"{h.address}\t{h.name}" for h in self.hosts.values()]
-        (etc / "hosts").write_text("\n".join(["127.0.0.1\tlocalhost", "::1\tlocalhost", *names,
-                                              f"{UNREACHABLE_ADDRESS}\t{self.unreachable}"]) + "\n")
+        names += [f"{UNREACHABLE_ADDRESS}\t{self.unreachable}", f"{SILENT_ADDRESS}\t{self.silent}"]
+        (etc / "hosts").write_text("\n".join(["127.0.0.1\tlocalhost", "::1\tlocalhost", *names]) + "\n")
         # The whole of /etc/ssh is replaced in the namespace: this is all the ssh client needs.
         (etc / "ssh" / "ssh_config").write_text(
             "Host *\n"
             f"    UserKnownHostsFile {self.root / 'known_hosts'}\n"
             "    StrictHostKeyChecking yes\n"
-            "    ConnectTimeout 10\n"
             "    LogLevel ERROR\n")
 
     def _write_sshd_config(self, host: Host) -> Path:

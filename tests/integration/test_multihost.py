@@ -104,15 +104,17 @@ def test_killed_remote_rank_fails_the_job_naming_its_host(hosts: NamespaceHosts,
     assert "SIGKILL" in output or "signal 9" in output, output
 
 
-def test_unreachable_host_is_reported_within_start_timeout(hosts: NamespaceHosts) -> None:
+@pytest.mark.parametrize("kind", ["down", "silent"])
+def test_unreachable_host_is_reported_within_start_timeout(hosts: NamespaceHosts, kind: str) -> None:
+    # down: no host at the address, refused at once; silent: packets dropped, only a timeout ends it.
+    name = hosts.unreachable if kind == "down" else hosts.silent
     start_timeout = 15
-    argv = _run_argv(hosts, f"hostA:1,{hosts.unreachable}:1", sys.executable, "-c", "pass",
-                     start_timeout=start_timeout)
+    argv = _run_argv(hosts, f"hostA:1,{name}:1", sys.executable, "-c", "pass", start_timeout=start_timeout)
     # The subprocess timeout is only a hang guard: the launcher must give up by itself.
     result = hosts.run("hostA", argv, timeout=start_timeout + 120, cwd=ROOT)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert hosts.unreachable in output
+    assert name in output
     assert "Traceback" not in output, output
 
 
