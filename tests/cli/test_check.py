@@ -13,6 +13,7 @@ import torch
 from ringtrain.cli.check import parse_sizes
 from ringtrain.cli.errors import UsageError
 from tests.integration.system import clean_env, skip_unless_collectives
+from tests.ranks import free_port
 
 CHECK_TIMEOUT = 300
 
@@ -72,6 +73,17 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
                  "alltoall[splits]", "reducescatter[sum]", "reducescatter[average]", "barrier"):
         assert any(line.split()[:2] == [name, "ok"] for line in result.stdout.splitlines()), name
     assert "all checks passed on 2 rank(s)" in result.stdout
+
+
+def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
+    skip_unless_collectives()
+    # Rank 0 of 2 alone: rank 1 is never started, so the rendezvous cannot complete.
+    env = clean_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    result = subprocess.run([sys.executable, "-m", "ringtrain", "check", "--timeout", "5"], env=env,
+                            capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "rank 0: TIMEOUT after 5s while running init" in result.stderr
 
 
 def test_json_report_from_rank_0() -> None:
