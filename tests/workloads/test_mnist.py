@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from ringtrain.workloads import DataError, get_workload
-from ringtrain.workloads.embedded_subset import TEST_ITEMS, TRAIN_ITEMS, write_subset
+from ringtrain.workloads.embedded_subset import TEST_ITEMS, TRAIN_ITEMS
 from ringtrain.workloads.idx import read_idx, write_idx
-from ringtrain.workloads.mnist import EMBEDDED_MNIST
 
 
 def test_real_mnist_from_the_shared_folder(shared_data: Path) -> None:
@@ -51,28 +50,6 @@ def test_embedded_subset_is_used_offline() -> None:
     assert train.targets[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
     assert test.targets[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
     assert torch.bincount(train.targets, minlength=10).min() > 800  # every digit well represented
-
-
-def test_embedded_subset_is_the_first_items_of_the_real_files(shared_data: Path, tmp_path: Path) -> None:
-    for name, count in [("train-images-idx3-ubyte", 10000), ("train-labels-idx1-ubyte", 10000),
-                        ("t10k-images-idx3-ubyte", 2000), ("t10k-labels-idx1-ubyte", 2000)]:
-        embedded = read_idx(EMBEDDED_MNIST / f"{name}.gz")
-        real = read_idx(shared_data / "mnist" / f"{name}.gz")
-        assert torch.equal(embedded, real[:count]), name
-    # and the build script reproduces the shipped files byte for byte
-    write_subset(shared_data / "mnist", tmp_path)
-    for path in EMBEDDED_MNIST.glob("*.gz"):
-        assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
-
-
-def test_embedded_subset_has_its_licence_beside_it() -> None:
-    readme = (EMBEDDED_MNIST / "README.md").read_text()
-    licence = (EMBEDDED_MNIST / "LICENSE.txt").read_text()
-    assert "10,000" in readme
-    assert "2,000" in readme
-    assert "CC BY-SA 3.0" in licence or "Attribution-ShareAlike 3.0" in licence
-    assert "LeCun" in licence
-    assert "Cortes" in licence
 
 
 def _write_mnist(folder: Path, train: int = 20, test: int = 10, gz: bool = True) -> None:
