@@ -48,6 +48,12 @@ _MAX_BACKOFF_S = 0.02
 _IDLE_PERIOD_S = 1.0
 
 
+def _display(ident: tuple[int, str]) -> str:
+    """A request's name as the stall warning shows it (process set named when not global)."""
+    set_id, key = ident
+    return key if set_id == 0 else f"{key} (process set {set_id})"
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if not value:
@@ -314,7 +320,7 @@ class Engine:
         if self._pending and not self.stall.disabled:
             oldest = min(r.submitted_at for r in self._pending.values())
             if self.rank != 0 and self.stall.should_report(time.monotonic() - oldest):
-                stall_names = [key for (_, key) in self._pending]
+                stall_names = [_display(ident) for ident in self._pending]
         payload = neg.encode_payload({"m": to_send, "s": stall_names}) if (to_send or stall_names) else b""
         flags = (
             (neg.FLAG_JOINED if joining else 0)
@@ -453,12 +459,13 @@ class Engine:
         for ident, metas in self._table.items():
             groups = self.sets.get(ident[0])
             expected = [m for m in (groups.ranks if groups else []) if m not in joined]
-            waiting[ident[1]] = (self._table_seen.get(ident, time.monotonic()), set(metas), expected)
+            seen = self._table_seen.get(ident, time.monotonic())
+            waiting[_display(ident)] = (seen, set(metas), expected)
         for ident, request in self._pending.items():
             groups = self.sets.get(ident[0])
             expected = [m for m in (groups.ranks if groups else []) if m not in joined]
-            seen, submitted, _ = waiting.get(ident[1], (request.submitted_at, set(), expected))
-            waiting[ident[1]] = (min(seen, request.submitted_at), submitted | {self.rank}, expected)
+            seen, submitted, _ = waiting.get(_display(ident), (request.submitted_at, set(), expected))
+            waiting[_display(ident)] = (min(seen, request.submitted_at), submitted | {self.rank}, expected)
         for rank_names in self.stall.reports.values():
             for name in list(rank_names):
                 if name not in waiting:
@@ -475,7 +482,7 @@ class Engine:
                 for name in request.meta.names:
                     self.timeline.end(name, f"NEGOTIATE_{request.meta.op.name}")
             if self.rank == 0:
-                self.stall.forget(response.key)
+                self.stall.forget(_display(ident))
             if response.error is not None:
                 self._complete(request, response.error)
                 continue
