@@ -1,0 +1,33 @@
+"""Numerics of the executor that need no ranks: scaling rules and reducescatter splits."""
+
+from __future__ import annotations
+
+import torch
+
+from ringtrain.engine.executor import reducescatter_rows, scale_
+
+
+def test_integer_scaling_truncates_toward_zero():
+    t = torch.tensor([5, -5, 7], dtype=torch.int32)
+    scale_(t, 1 / 3)
+    assert t.tolist() == [1, -1, 2]
+    assert t.dtype == torch.int32
+
+
+def test_half_precision_scales_in_float32():
+    t = torch.tensor([2049.0], dtype=torch.float16)
+    scale_(t, 0.5)
+    assert t.dtype == torch.float16
+    assert t.item() == 1024.0
+
+
+def test_unit_factor_is_a_no_op():
+    t = torch.tensor([1.5])
+    scale_(t, 1.0)
+    assert t.item() == 1.5
+
+
+def test_reducescatter_rows_give_extra_rows_to_the_first_ranks():
+    assert reducescatter_rows(5, 2) == [3, 2]
+    assert reducescatter_rows(7, 3) == [3, 2, 2]
+    assert reducescatter_rows(2, 4) == [1, 1, 0, 0]
