@@ -107,6 +107,14 @@ def test_data_dir_without_the_files(tmp_path: Path) -> None:
     assert "HINT:" in str(info.value)
 
 
+def test_a_partial_data_dir_names_the_missing_file(tmp_path: Path) -> None:
+    folder = _write_mnist(tmp_path / "mnist", train=3)
+    (folder / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError) as info:
+        get_workload("mnist").datasets(data_dir=tmp_path)
+    assert f"{folder} lacks t10k-labels-idx1-ubyte.gz" in str(info.value)
+
+
 def test_a_partial_cache_is_skipped(isolated_cache: Path) -> None:
     folder = _write_mnist(isolated_cache / "mnist", train=7)
     (folder / "t10k-labels-idx1-ubyte.gz").unlink()

@@ -52,8 +52,13 @@ def cache_root(cache_dir: str | Path | None = None, environ: dict[str, str] | No
     return Path.home() / ".cache" / "ringtrain"
 
 
+def _missing(folder: Path, requirements: Sequence[Requirement]) -> list[str]:
+    """The first name of every requirement that ``folder`` does not satisfy."""
+    return [req[0] for req in requirements if not any((folder / n).is_file() for n in req)]
+
+
 def _holds(folder: Path, requirements: Sequence[Requirement]) -> bool:
-    return folder.is_dir() and all(any((folder / n).is_file() for n in req) for req in requirements)
+    return folder.is_dir() and not _missing(folder, requirements)
 
 
 def _candidates(root: Path, layouts: Sequence[str]) -> list[Path]:
@@ -82,14 +87,18 @@ def locate(
         root = Path(data_dir).expanduser()
         if not root.is_dir():
             raise DataError(f"data_dir {root} for {dataset} does not exist or is not a folder. "
-                            f"HINT: pass the folder that holds {wanted}, or leave data_dir unset "
-                            "to use the cache / download / embedded copy.")
+                            f"HINT: pass (data_dir= or --data-dir) the folder that holds {wanted}, or "
+                            "leave it unset to use the cache / download / embedded copy.")
         for folder in _candidates(root, layouts):
             if _holds(folder, requirements):
                 return DataSource("data_dir", folder)
+        # name what is missing in the folder that came closest, e.g. one file of four
+        closest = min(_candidates(root, layouts), key=lambda f: len(_missing(f, requirements)))
+        missing = ", ".join(_missing(closest, requirements))
         looked = ", ".join(str(f) for f in _candidates(root, layouts))
-        raise DataError(f"data_dir {root} does not hold the {dataset} files ({wanted}); looked in {looked}. "
-                        f"HINT: copy the files into {root} or point data_dir to the folder that has them.")
+        raise DataError(f"data_dir {root} does not hold the {dataset} files (looked in {looked}); "
+                        f"{closest} lacks {missing}. HINT: copy the files into {closest}, or point "
+                        "data_dir (--data-dir) to the folder that has them.")
     cache = cache_root(cache_dir)
     for folder in _candidates(cache, layouts):
         if _holds(folder, requirements):
@@ -101,10 +110,10 @@ def locate(
         if _holds(target, requirements):
             return DataSource("download", target)
         raise DataError(f"the download of {dataset} into {target} did not produce {wanted}. "
-                        f"HINT: delete {target} and try again, or pass data_dir=.")
+                        f"HINT: delete {target} and try again, or pass data_dir (--data-dir).")
     if embedded is not None and _holds(embedded, requirements):
         return DataSource("embedded", embedded)
-    how = "pass download=True (--download) to fetch it, or " if fetch is not None else ""
+    how = "fetch it with download=True (--download), or " if fetch is not None else ""
     raise DataError(f"no {dataset} data in the cache {cache} (looked for {wanted}). "
-                    f"HINT: {how}pass data_dir= a folder holding the files, or copy them into "
-                    f"{cache / layouts[0]} (or set ${CACHE_ENV} to a folder that has them).")
+                    f"HINT: {how}pass data_dir (--data-dir) a folder holding the files, or copy them "
+                    f"into {cache / layouts[0]} (or set ${CACHE_ENV} to a folder that has them).")
