@@ -380,3 +380,14 @@ def single_rank() -> dict:
 def test_single_rank_has_no_hooks_and_no_communication():
     result = run_ranks(1, single_rank)[0]
     assert result == {"size": 1, "hooks": 0, "handles": 0, "same": True}
+
+
+def test_auto_buckets_follow_the_size_cap(monkeypatch):
+    from ringtrain.optimizer import _DistributedOptimizer
+
+    params = [torch.zeros(2**18) for _ in range(6)]  # 1 MiB each (float32)
+    monkeypatch.setenv("RINGTRAIN_BUCKET_CAP_MB", "2")
+    sizes = [len(b) for b in _DistributedOptimizer._auto_buckets(params)]
+    assert sizes == [1, 2, 2, 1]  # a 1 MiB first bucket starts communication early
+    monkeypatch.setenv("RINGTRAIN_BUCKET_CAP_MB", "0")
+    assert [len(b) for b in _DistributedOptimizer._auto_buckets(params)] == [1] * 6

@@ -89,30 +89,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._postscale = gradient_predivide_factor
         else:
             self._prescale = self._postscale = 1.0
-        # handle per parameter for this step: (handle or None, compression ctx)
-        self._handles: dict[torch.Tensor, tuple[Any, Any]] = {}
+        # Parameters are allreduced in buckets: one grouped (fused, atomic) request per bucket,
+        # submitted when the bucket's last gradient is ready. A bucket is a user group
+        # (``groups=``) or, by default, a run of parameters in backward order up to a size cap,
+        # like DDP's buckets: far fewer requests per step than one per parameter, and later
+        # buckets still overlap the rest of the backward pass.
+        self._handles: dict[torch.Tensor, Any] = {}  # params touched this step -> solo handle or None
         self._allreduce_delay: dict[torch.Tensor, int] = {}
         self._requires_update: set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles: list[Any] = []
-        self._groups: list[list[torch.Tensor]] | None = None
-        self._group_of: dict[torch.Tensor, int] = {}
-        self._group_pending: list[int] = []
-        self._group_handles: dict[int, tuple[Any, list[Any]]] = {}
+        self._groups: list[list[torch.Tensor]] | None = None  # the user's groups, as given
+        self._buckets: list[list[torch.Tensor]] = []
+        self._bucket_names: list[str] = []
+        self._bucket_of: dict[torch.Tensor, int] = {}
+        self._bucket_pending: list[int] = []
+        self._bucket_handles: dict[int, tuple[Any, list[Any]]] = {}
+        self._solo: set[torch.Tensor] = set()  # sparse gradients: allgather-based, one by one
 
         communicate = process_set.included() and (
             mpi_ops.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if communicate:
-            self._set_groups(groups)
+            self._set_buckets(groups)
             self._register_hooks()
 
     # --- setup -------------------------------------------------------------------------------
 
-    def _set_groups(self, groups: Any) -> None:
-        if groups is None:
-            return
+    def _set_buckets(self, groups: Any) -> None:
         trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        split: list[list[torch.Tensor]] = []
         if isinstance(groups, int):
             # Every rank must split the same ordered list: take rank 0's order of names.
             local = {self._parameter_names[p]: p for p in trainable}
@@ -121,13 +127,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ordered = [local[name] for name in order if name in local]
             chunk = -(-len(ordered) // groups)
             split = [ordered[i:i + chunk] for i in range(0, len(ordered), chunk)]
-        else:
-            split = [list(g) for g in groups]
-        self._groups = [g for g in split if g]
-        for index, members in enumerate(self._groups):
+        elif groups is not None:
+            wanted = {id(p) for p in trainable}
+            split = [[p for p in g if id(p) in wanted] for g in groups]
+        if groups is not None:
+            self._groups = [g for g in split if g]
+        grouped = {id(p) for g in split for p in g}
+        rest = [p for p in reversed(trainable) if id(p) not in grouped]  # roughly backward order
+        self._buckets = [g for g in split if g] + self._auto_buckets(rest)
+        for index, members in enumerate(self._buckets):
             for p in members:
-                self._group_of[p] = index
-        self._group_pending = [len(g) for g in self._groups]
+                self._bucket_of[p] = index
+        self._bucket_names = [f"{self._parameter_names[m[0]]}+{len(m)}" for m in self._buckets]
+        self._bucket_pending = [len(m) for m in self._buckets]
+
+    @staticmethod
+    def _auto_buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Split ``params`` into runs of at most RINGTRAIN_BUCKET_CAP_MB (default 25; the first
+        bucket 1 MB so communication starts early); 0 means one parameter per bucket (Horovod's)."""
+        cap_mb = float(os.environ.get("RINGTRAIN_BUCKET_CAP_MB", "25"))
+        if cap_mb <= 0:
+            return [[p] for p in params]
+        buckets: list[list[torch.Tensor]] = []
+        current: list[torch.Tensor] = []
+        size, cap = 0, min(cap_mb, 1.0) * 2**20
+        for p in params:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                buckets.append(current)
+                current, size, cap = [], 0, cap_mb * 2**20
+        if current:
+            buckets.append(current)
+        return buckets
 
     def _register_hooks(self) -> None:
         for group in self.param_groups:
@@ -142,71 +174,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         """Post-accumulate-grad hook: p.grad is final for this backward pass."""
-        entry = self._handles.get(p)
-        if entry is not None and entry[0] is not None and self._allreduce_delay[p] <= 0:
+        delay = self._allreduce_delay[p]
+        if delay <= 0:
             raise AssertionError(_TOO_MANY_PASSES)
         if p.grad is None or p.grad.requires_grad:
             return
-        delay = self._allreduce_delay[p] - 1
-        self._allreduce_delay[p] = delay
+        self._allreduce_delay[p] = delay = delay - 1
+        if p not in self._handles:
+            self._handles[p] = None
         if delay > 0:
-            self._handles[p] = (None, None)
             return
-        if self._groups is not None and p in self._group_of:
-            self._handles[p] = (None, None)
-            index = self._group_of[p]
-            self._group_pending[index] -= 1
-            if self._group_pending[index] == 0:
-                self._submit_group(index)
+        if p.grad.is_sparse and not self.sparse_as_dense:
+            self._make_solo(p)
+            self._handles[p] = self._submit_solo(p)
             return
-        self._handles[p] = self._submit(p)
+        index = self._bucket_of[p]
+        self._bucket_pending[index] -= 1
+        if self._bucket_pending[index] == 0:
+            self._submit_bucket(index)
 
-    def _submit(self, p: torch.Tensor) -> tuple[Any, Any]:
-        """Start the allreduce of p.grad; returns (handle, ctx)."""
-        name = self._parameter_names.get(p)
-        grad = p.grad
-        if grad.is_sparse:
-            if self.sparse_as_dense:
-                grad = grad.to_dense()
-            else:
-                return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op,
-                                                      process_set=self.process_set), None
-        compressed, ctx = self._compression.compress(grad)
-        handle = mpi_ops.allreduce_async_(compressed, name=name, op=self.op,
-                                          prescale_factor=self._prescale,
-                                          postscale_factor=self._postscale,
-                                          process_set=self.process_set)
-        return handle, (ctx, compressed, grad)
+    def _make_solo(self, p: torch.Tensor) -> None:
+        """Take a parameter with sparse gradients out of its bucket (for good: same on every rank)."""
+        if p in self._solo:
+            return
+        self._solo.add(p)
+        index = self._bucket_of.pop(p)
+        self._buckets[index] = [q for q in self._buckets[index] if q is not p]
+        self._bucket_pending[index] -= 1
+        if self._buckets[index] and self._bucket_pending[index] == 0:
+            self._submit_bucket(index)
 
-    def _submit_group(self, index: int) -> None:
-        members = self._groups[index]
+    def _submit_solo(self, p: torch.Tensor) -> Any:
+        """Sparse gradient: allgather of indices and values; returns a zero-argument callable."""
+        return mpi_ops.sparse_allreduce_async(p.grad, name=self._parameter_names.get(p), op=self.op,
+                                              process_set=self.process_set)
+
+    def _submit_bucket(self, index: int) -> None:
+        members = self._buckets[index]
+        if not members:
+            return
         for p in members:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in members]
-        packed = [self._compression.compress(g) for g in grads]
-        handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=f"group.{index}", op=self.op,
-                                                  prescale_factor=self._prescale,
+            elif p.grad.is_sparse:  # sparse_as_dense
+                p.grad = p.grad.to_dense()
+        compress = self._compression.compress
+        packed = [compress(p.grad) for p in members]
+        handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=self._bucket_names[index],
+                                                  op=self.op, prescale_factor=self._prescale,
                                                   postscale_factor=self._postscale,
                                                   process_set=self.process_set)
-        self._group_handles[index] = (handle, [(ctx, t, g) for (t, ctx), g in zip(packed, grads)])
-        for p in members:
-            self._handles[p] = (None, None)
-
-    @staticmethod
-    def _write_back(p: torch.Tensor, output: torch.Tensor, ctx: Any, compression: type[Compressor]) -> None:
-        if ctx is None:  # sparse allreduce: output is a sparse tensor
-            if p.grad.is_sparse:
-                p.grad.zero_().add_(output)
-            else:
-                p.grad.copy_(output.to_dense())
-            return
-        wire_ctx, sent, grad = ctx
-        result = compression.decompress(output, wire_ctx)
-        if p.grad.is_sparse:
-            p.grad.zero_().add_(result.to_sparse())
-        elif result.data_ptr() != p.grad.data_ptr():
-            p.grad.copy_(result)
+        self._bucket_handles[index] = (handle, [ctx for _, ctx in packed])
 
     def synchronize(self) -> None:
         """Wait for every gradient allreduce of this step and write the results into ``p.grad``.
@@ -217,40 +235,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included() or not self._requires_update:
             self._synchronized = True
             return
-        for p in self._requires_update:
-            entry = self._handles.get(p)
-            if (entry is None or entry[0] is None) and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if self._groups is not None:
-            for index in range(len(self._groups)):
-                if index not in self._group_handles:
-                    self._submit_group(index)
-        for p in self._requires_update:
-            if p in self._group_of:
-                continue
-            entry = self._handles.get(p)
-            if entry is None or entry[0] is None:
-                self._handles[p] = self._submit(p)
-        compression = self._compression
-        for p, (handle, ctx) in self._handles.items():
-            if handle is None:
-                continue
-            output = handle() if callable(handle) else mpi_ops.synchronize(handle)
-            self._write_back(p, output, ctx, compression)
-        for index, (handle, entries) in self._group_handles.items():
+        for index in range(len(self._buckets)):
+            if index not in self._bucket_handles:
+                self._submit_bucket(index)
+        for p in self._solo:
+            if self._handles.get(p) is None:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p).to_sparse()
+                self._handles[p] = self._submit_solo(p)
+        decompress = self._compression.decompress
+        for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
-            for p, output, ctx in zip(self._groups[index], outputs, entries):
-                self._write_back(p, output, ctx, compression)
+            for p, output, ctx in zip(self._buckets[index], outputs, contexts):
+                result = decompress(output, ctx)
+                if result.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(result)
+        for p in self._solo:
+            result = self._handles[p]()
+            if p.grad.is_sparse:
+                p.grad.zero_().add_(result)
+            else:
+                p.grad.copy_(result.to_dense())
         self._reset_step()
         self._synchronized = True
 
     def _reset_step(self) -> None:
         self._handles.clear()
-        self._group_handles.clear()
+        self._bucket_handles.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        if self._groups is not None:
-            self._group_pending = [len(g) for g in self._groups]
+        self._bucket_pending = [len(m) for m in self._buckets]
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
