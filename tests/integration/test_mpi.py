@@ -1,4 +1,9 @@
-"""ringtrain under Open MPI's mpirun: ranks come from OMPI_COMM_WORLD_*, rendezvous on this host."""
+"""ringtrain under real MPI launchers: Open MPI's mpirun (ranks from OMPI_COMM_WORLD_*) and MPICH's
+Hydra mpiexec (ranks from PMI_*); the rendezvous address (this host) is worked out by ringtrain.
+
+The launchers are called by their package-specific names: with both installed, plain ``mpirun`` is
+whichever the alternatives system picked.
+"""
 
 from __future__ import annotations
 
@@ -22,13 +27,13 @@ SCRIPT = Path(__file__).with_name("allreduce_script.py")
 
 
 def _mpirun(np: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    skip_unless_commands("mpirun")
+    skip_unless_commands("mpirun.openmpi")
     skip_unless_collectives()
     # Root in CI: Open MPI refuses without both variables. --oversubscribe: more ranks than cores.
     # MASTER_PORT only keeps concurrent test sessions apart; the address must come from ringtrain.
     env = clean_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                      "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "MASTER_PORT": str(free_port())})
-    return subprocess.run(["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", *argv],
+    return subprocess.run(["mpirun.openmpi", "-np", str(np), "--oversubscribe", "--bind-to", "none", *argv],
                           env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -46,3 +51,14 @@ def test_mpirun_check_passes() -> None:
         assert f"hello from rank {rank} of 2 (host " in result.stdout
     assert "environment: openmpi, 2 rank(s)" in result.stdout
     assert "all checks passed on 2 rank(s)" in result.stdout
+
+
+def test_mpich_hydra_allreduce_script_gets_ranks_from_pmi() -> None:
+    skip_unless_commands("mpiexec.hydra")
+    skip_unless_collectives()
+    env = clean_env({"MASTER_PORT": str(free_port())})
+    result = subprocess.run(["mpiexec.hydra", "-n", "2", sys.executable, str(SCRIPT)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r} of 2 local {r} env mpich sum 1" for r in range(2)], result.stdout
