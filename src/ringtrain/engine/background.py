@@ -316,11 +316,11 @@ class Engine:
                 to_send.append(meta)
             for name in meta.names:
                 self.timeline.begin(name, f"NEGOTIATE_{meta.op.name}")
-        stall_names: list[str] = []
+        stall_names: list[tuple[str, int]] = []
         if self._pending and not self.stall.disabled:
             oldest = min(r.submitted_at for r in self._pending.values())
             if self.rank != 0 and self.stall.should_report(time.monotonic() - oldest):
-                stall_names = [_display(ident) for ident in self._pending]
+                stall_names = [(_display(ident), ident[0]) for ident in self._pending]
         payload = neg.encode_payload({"m": to_send, "s": stall_names}) if (to_send or stall_names) else b""
         flags = (
             (neg.FLAG_JOINED if joining else 0)
@@ -466,10 +466,12 @@ class Engine:
             expected = [m for m in (groups.ranks if groups else []) if m not in joined]
             seen, submitted, _ = waiting.get(_display(ident), (request.submitted_at, set(), expected))
             waiting[_display(ident)] = (min(seen, request.submitted_at), submitted | {self.rank}, expected)
-        for rank_names in self.stall.reports.values():
-            for name in list(rank_names):
-                if name not in waiting:
-                    waiting[name] = (rank_names[name], set(), [])
+        for rank, reported in self.stall.reports.items():
+            for name, (first, set_id) in reported.items():
+                groups = self.sets.get(set_id)
+                expected = [m for m in (groups.ranks if groups else []) if m not in joined]
+                seen, submitted, _ = waiting.get(name, (first, set(), expected))
+                waiting[name] = (min(seen, first), submitted | {rank}, expected)
         return waiting
 
     # ------------------------------------------------------------- execution

@@ -27,8 +27,8 @@ class StallInspector:
             self.shutdown_time = 0.0
         self._last_report = 0.0
         self._last_warning = 0.0
-        #: rank -> {name: first time rank 0 heard about it}
-        self.reports: dict[int, dict[str, float]] = {}
+        #: rank -> {name: (first time rank 0 heard about it, process set id)}
+        self.reports: dict[int, dict[str, tuple[float, int]]] = {}
 
     def should_report(self, oldest_pending_age: float) -> bool:
         """Whether this rank should send its pending names with the next round."""
@@ -40,10 +40,11 @@ class StallInspector:
         self._last_report = now
         return True
 
-    def record_report(self, rank: int, names: list[str]) -> None:
+    def record_report(self, rank: int, names: list[tuple[str, int]]) -> None:
+        """Rank ``rank`` has had these (name, process set id) pending for a while."""
         now = time.monotonic()
         old = self.reports.get(rank, {})
-        self.reports[rank] = {name: old.get(name, now) for name in names}
+        self.reports[rank] = {name: (old.get(name, (now, set_id))[0], set_id) for name, set_id in names}
 
     def forget(self, name: str) -> None:
         for names in self.reports.values():
@@ -58,10 +59,6 @@ class StallInspector:
         if self.disabled:
             return False
         now = time.monotonic()
-        for rank, names in self.reports.items():
-            for name, first in names.items():
-                seen, submitted, expected = waiting.get(name, (first, set(), []))
-                waiting[name] = (min(seen, first), submitted | {rank}, expected)
         stalled = {name: v for name, v in waiting.items() if now - v[0] >= self.check_time and v[2]}
         if not stalled:
             return False
