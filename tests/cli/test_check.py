@@ -96,7 +96,8 @@ def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
     result = subprocess.run([sys.executable, "-m", "ringtrain", "check", "--timeout", "5"], env=env,
                             capture_output=True, text=True, timeout=CHECK_TIMEOUT)
     assert result.returncode == 3, result.stdout + result.stderr
-    assert "rank 0: TIMEOUT after 5s while running init" in result.stderr
+    assert "TIMEOUT after 5s while running init" in result.stderr
+    assert "rank 0 of 2, main address 127.0.0.1:" in result.stderr
 
 
 def test_json_report_from_rank_0() -> None:

@@ -107,12 +107,19 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     placement = detect_environment().placement()
-    watchdog = _Watchdog(args.timeout, f"rank {placement.rank}")
+    where = (f"{placement.environment} environment, rank {placement.rank} of {placement.world_size}, "
+             f"main address {placement.main_address}:{placement.main_port}")
+    watchdog = _Watchdog(args.timeout, f"rank {placement.rank} ({where})")
     watchdog.start()
     try:
         hvd = checks.load_api()
         watchdog.current = "init"
-        hvd.init()
+        try:
+            hvd.init()
+        except Exception as exc:  # noqa: BLE001 - a job that cannot start is the finding to report
+            print(f"ringtrain check: rank {placement.rank}: FAIL init ({where}): {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            return EXIT_FAILED
         try:
             device = checks.pick_device(args.device, hvd.local_rank())
         except ValueError as exc:
