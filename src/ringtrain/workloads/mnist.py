@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ class IdxImageSet:
     """Sub-folders searched below a data folder; the first receives downloads."""
     classes: tuple[str, ...]
     embedded: Path | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    """A folder inside the package holding a copy, used when nothing else is found."""
 
 
 MNIST = IdxImageSet(

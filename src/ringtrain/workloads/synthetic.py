@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ringtrain.workloads.base import DataPath, Defaults, Workload
@@ -30,11 +31,15 @@ def _positive(**values: int) -> None:
             raise ValueError(f"{key}={value!r} must be a positive int. HINT: pass e.g. {key}=10.")
 
 
-def synthetic_images(size: int, shape: tuple[int, ...], num_classes: int, noise: float,
+def synthetic_images(size: int, shape: tuple[int, int, int], num_classes: int, noise: float,
                      seed: int) -> TensorPairDataset:
     """``size`` images: class pattern (fixed by ``seed``) plus Gaussian noise of std ``noise``."""
     generator = torch.Generator().manual_seed(seed)
-    patterns = torch.randn((num_classes, *shape), generator=generator)
+    channels, height, width = shape
+    # smooth patterns (a coarse grid of at most 4x4 values, scaled up) that convolutions and
+    # pooling keep, where per-pixel patterns would be averaged away with the noise
+    coarse = torch.randn((num_classes, channels, min(height, 4), min(width, 4)), generator=generator)
+    patterns = F.interpolate(coarse, size=(height, width), mode="nearest")
     labels = torch.randint(num_classes, (size,), generator=generator)
     images = patterns[labels] + noise * torch.randn((size, *shape), generator=generator)
     return TensorPairDataset(images, labels, tuple(f"class{i}" for i in range(num_classes)))
@@ -48,7 +53,7 @@ class SyntheticImagesWorkload(Workload):
     defaults = Defaults(epochs=2, batch_size=64, lr=0.01, optimizer="sgd", momentum=0.9)
 
     def __init__(self, shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, size: int = 10_000,
-                 test_size: int | None = None, noise: float = 4.0) -> None:
+                 test_size: int | None = None, noise: float = 1.0) -> None:
         if len(shape) != 3:
             raise ValueError(f"shape={shape} must be (channels, height, width). HINT: pass e.g. (3, 32, 32).")
         _positive(channels=shape[0], height=shape[1], width=shape[2], num_classes=num_classes, size=size)
