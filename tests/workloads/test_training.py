@@ -50,6 +50,21 @@ def test_movielens_defaults_beat_the_global_mean(shared_data: Path) -> None:
     assert rmse < 0.9 * baseline
 
 
+def test_synthetic_images_learn_with_the_defaults() -> None:
+    wl = get_workload("synthetic", shape=(3, 16, 16), size=2048, test_size=512)
+    train, test = wl.datasets()
+    torch.manual_seed(0)
+    model = wl.model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=wl.defaults.lr, momentum=wl.defaults.momentum)
+    for batch in torch.arange(len(train)).split(wl.defaults.batch_size):
+        optimizer.zero_grad()
+        wl.loss()(model(train.features[batch]), train.targets[batch]).backward()
+        optimizer.step()
+    with torch.no_grad():
+        accuracy = (model.eval()(test.features).argmax(1) == test.targets).float().mean().item()
+    assert accuracy > 0.8
+
+
 def test_synthetic_ratings_learn() -> None:
     wl = get_workload("synthetic-ratings", num_users=100, num_items=80, size=8000)
     train, test = wl.datasets()
