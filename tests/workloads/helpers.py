@@ -48,14 +48,24 @@ def write_ratings(path: Path, rows: list[tuple[int, int, float]], newline: str =
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    requests: list[str]
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base signature
         pass
 
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        super().do_GET()
+
 
 @contextmanager
-def serve_folder(folder: Path) -> Iterator[str]:
-    """Serve ``folder`` over HTTP on 127.0.0.1; yields the base URL ending in '/'."""
-    handler = functools.partial(_QuietHandler, directory=str(folder))
+def serve_folder(folder: Path, requests: list[str] | None = None) -> Iterator[str]:
+    """Serve ``folder`` over HTTP on 127.0.0.1; yields the base URL ending in '/'.
+
+    The path of every GET is appended to ``requests`` when given.
+    """
+    handler_class = type("Handler", (_QuietHandler,), {"requests": [] if requests is None else requests})
+    handler = functools.partial(handler_class, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from ringtrain.workloads.download import md5sum
 from ringtrain.workloads.idx import write_idx
 from ringtrain.workloads.mnist import EMBEDDED_MNIST, MNIST, MnistWorkload
 from ringtrain.workloads.sources import cache_root
+from tests.ranks import run_ranks
 from tests.workloads.helpers import serve_folder
 
 
@@ -140,3 +143,29 @@ def test_failed_download_falls_through_to_nothing_but_an_error(tmp_path: Path, i
         wl.spec = dataclasses.replace(wl.spec, mirrors=(url,))
         with pytest.raises(DataError, match="could not download t10k-labels-idx1-ubyte.gz"):
             wl.datasets(download=True)
+
+
+def _download_in_a_rank(spec: object, cache: str) -> tuple[str, int]:
+    # meet the other rank first (a file each), so that both ask for the download at the same time
+    meeting = Path(cache).parent
+    (meeting / f"ready-{os.environ['RANK']}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(meeting.glob("ready-*"))) < int(os.environ["WORLD_SIZE"]):
+        assert time.monotonic() < deadline, "the other rank never arrived"
+        time.sleep(0.01)
+    wl = MnistWorkload(spec)  # type: ignore[arg-type]
+    train, _ = wl.datasets(download=True, cache_dir=cache)
+    assert wl.source is not None
+    return wl.source.kind, len(train)
+
+
+def test_ranks_sharing_a_cache_download_once(tmp_path: Path) -> None:
+    mirror, wl = _served_embedded_copy(tmp_path)
+    requests: list[str] = []
+    with serve_folder(mirror, requests) as url:
+        spec = dataclasses.replace(wl.spec, mirrors=(url,))
+        results = run_ranks(2, _download_in_a_rank, spec, str(tmp_path / "shared-cache"), timeout=300)
+    # one rank downloads, the other waits for the lock and then finds the files in place
+    assert sorted(kind for kind, _ in results) == ["download", "download"]
+    assert [n for _, n in results] == [10000, 10000]
+    assert sorted(requests) == sorted(f"/{name}" for name in spec.md5)

@@ -8,10 +8,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: downloads there are only atomic, not deduplicated
+    fcntl = None  # type: ignore[assignment]
 
 from ringtrain.workloads.errors import DataError
 
@@ -55,6 +61,20 @@ def cache_root(cache_dir: str | Path | None = None, environ: dict[str, str] | No
 def _missing(folder: Path, requirements: Sequence[Requirement]) -> list[str]:
     """The first name of every requirement that ``folder`` does not satisfy."""
     return [req[0] for req in requirements if not any((folder / n).is_file() for n in req)]
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """Hold a lock file in ``folder``: the ranks of one node download a dataset once, not once each."""
+    if fcntl is None:
+        yield
+        return
+    with open(folder / ".download.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _holds(folder: Path, requirements: Sequence[Requirement]) -> bool:
@@ -106,7 +126,10 @@ def locate(
     if download and fetch is not None:
         target = cache / layouts[0]
         target.mkdir(parents=True, exist_ok=True)
-        fetch(target)
+        with _exclusive(target):
+            # another rank may have finished the download while this one waited for the lock
+            if not _holds(target, requirements):
+                fetch(target)
         if _holds(target, requirements):
             return DataSource("download", target)
         raise DataError(f"the download of {dataset} into {target} did not produce {wanted}. "
