@@ -138,7 +138,8 @@ def test_download_the_zip_with_its_published_md5(tmp_path: Path, isolated_cache:
     assert len(train) + len(test) == 2
     assert wl.source is not None
     assert wl.source.kind == "download"
-    assert sorted(p.name for p in wl.source.folder.iterdir()) == ["README.txt", "ratings.csv"]
+    unpacked = sorted(p.name for p in wl.source.folder.iterdir() if not p.name.startswith("."))
+    assert unpacked == ["README.txt", "ratings.csv"]
     assert not (tmp_path / "evil.csv").exists()
     assert not (isolated_cache / "evil.csv").exists()
 
