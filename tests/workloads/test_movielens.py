@@ -150,3 +150,8 @@ def test_download_with_a_wrong_md5(tmp_path: Path) -> None:
     (mirror / "ml-latest-small.zip").write_bytes(b"PK not really")
     with serve_folder(mirror) as url, pytest.raises(DataError, match="has md5"):
         MovieLensWorkload(mirrors=(url,), md5="0" * 32).datasets(download=True)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path: Path) -> None:
+    (tmp_path / "ratings.csv").write_bytes("\ufeffuserId,movieId,rating\n1,2,3.0\n".encode())
+    assert read_ratings(tmp_path / "ratings.csv").ratings.tolist() == [3.0]

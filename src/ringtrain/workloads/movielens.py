@@ -57,7 +57,7 @@ def read_ratings(path: Path) -> Ratings:
     """Parse a MovieLens ``ratings.csv`` (header ``userId,movieId,rating[,timestamp]``, CRLF or LF)."""
     hint = "HINT: use ratings.csv of a MovieLens 'latest' release (columns userId,movieId,rating,timestamp)."
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a BOM is not a column
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None or any(c not in header for c in _COLUMNS):
