@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ def worker(rank: int, world: int, port: int, ddp_port: int, cfg: dict[str, Any],
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ddp_port}", rank=rank, world_size=world)
     models, warmup, windows, steps = cfg["models"], cfg["warmup"], cfg["windows"], cfg["steps"]
     results: list[dict[str, Any]] = []

@@ -391,3 +391,39 @@ def test_auto_buckets_follow_the_size_cap(monkeypatch):
     assert sizes == [1, 2, 2, 1]  # a 1 MiB first bucket starts communication early
     monkeypatch.setenv("RINGTRAIN_BUCKET_CAP_MB", "0")
     assert [len(b) for b in _DistributedOptimizer._auto_buckets(params)] == [1] * 6
+
+
+def process_set_step() -> dict:
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    try:
+        subset = hvd.add_process_set([0, 2])
+        model = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), process_set=subset)
+        _loss(model, hvd.rank()).backward()
+        opt.synchronize()
+        grads = [p.grad.clone() for p in model.parameters()]
+        hvd.remove_process_set(subset)
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    return {"grads": grads, "hooks": len(opt._hook_handles)}
+
+
+def test_process_set(ranks3):
+    results = ranks3.run(process_set_step, timeout=180)
+    assert results[1]["hooks"] == 0  # not a member: no hooks, its own gradient stays
+    pair = []
+    for r in (0, 2):
+        model = _model()
+        _loss(model, r).backward()
+        pair.append([p.grad.clone() for p in model.parameters()])
+    expected = [(a + b) / 2 for a, b in zip(*pair)]
+    for rank in (0, 2):
+        for got, want in zip(results[rank]["grads"], expected):
+            torch.testing.assert_close(got, want)
+    lonely = _model()
+    _loss(lonely, 1).backward()
+    for got, p in zip(results[1]["grads"], lonely.parameters()):
+        torch.testing.assert_close(got, p.grad)
