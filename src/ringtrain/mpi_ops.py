@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -75,6 +76,17 @@ _REDUCE_DTYPES = {
 }
 _MOVE_DTYPES = _REDUCE_DTYPES
 _atexit_registered = False
+_local = threading.local()
+
+
+def _sync(async_fn: Callable[..., int], *args: Any) -> Any:
+    """Submit and wait: the calling thread runs the negotiation rounds itself (no thread hand-off)."""
+    _local.drive = True
+    try:
+        handle = async_fn(*args)
+    finally:
+        _local.drive = False
+    return synchronize(handle)
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -355,7 +367,7 @@ def _submit(
         )
         return meta, list(tensors), outputs
 
-    return engine.submit(build, finish, keepalive)
+    return engine.submit(build, finish, keepalive, drive=getattr(_local, "drive", False))
 
 
 def _first(request: Request) -> torch.Tensor:
@@ -375,7 +387,7 @@ def _control_op(
         meta = RequestMeta(key=key, names=(key,), op=op, set_id=set_id, dtypes=(), shapes=(), payload=payload)
         return meta, [], []
 
-    return synchronize(engine.submit(build, lambda request: request.extra.get("result")))
+    return synchronize(engine.submit(build, lambda request: request.extra.get("result"), drive=True))
 
 
 # --------------------------------------------------------------------------- allreduce
@@ -457,8 +469,9 @@ class HorovodAllreduce(torch.autograd.Function):
             postscale_factor,
             process_set,
         )
-        handle = allreduce_async(tensor, None, name, ctx.op, prescale_factor, postscale_factor, process_set)
-        return synchronize(handle)
+        return _sync(
+            allreduce_async, tensor, None, name, ctx.op, prescale_factor, postscale_factor, process_set
+        )
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -518,8 +531,7 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place allreduce; returns ``tensor``."""
-    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    return synchronize(handle)
+    return _sync(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def _grouped_allreduce_async(
@@ -591,8 +603,8 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> tuple[torch.Tensor, ...]:
     """In-place grouped allreduce; returns a tuple of the input tensors."""
-    return synchronize(
-        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _sync(
+        grouped_allreduce_async_, tensors, average, name, op, prescale_factor, postscale_factor, process_set
     )
 
 
@@ -616,10 +628,16 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
             postscale_factor,
             process_set,
         )
-        handle = grouped_allreduce_async(
-            list(tensors), None, name, ctx.op, prescale_factor, postscale_factor, process_set
+        return _sync(
+            grouped_allreduce_async,
+            list(tensors),
+            None,
+            name,
+            ctx.op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
         )
-        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[Any, ...]:
@@ -694,7 +712,7 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
         ctx.process_set = process_set
-        return synchronize(allgather_async(tensor, name, process_set))
+        return _sync(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -739,7 +757,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     ) -> tuple[Any, ...]:
         ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
         ctx.process_set = process_set
-        return synchronize(grouped_allgather_async(list(tensors), name, process_set))
+        return _sync(grouped_allgather_async, list(tensors), name, process_set)
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[Any, ...]:
@@ -808,7 +826,7 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place broadcast; returns ``tensor``."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _sync(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -819,7 +837,7 @@ class HorovodBroadcast(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _sync(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -893,7 +911,7 @@ class HorovodAlltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received_splits = _sync(alltoall_async, tensor, splits, name, process_set)
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         ctx.mark_non_differentiable(received_splits)
@@ -901,7 +919,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor, grad_received_splits: Any) -> tuple[Any, ...]:
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.recvsplits, None, ctx.process_set))
+        grad, _ = _sync(alltoall_async, grad_output.contiguous(), ctx.recvsplits, None, ctx.process_set)
         return grad, None, None, None
 
 
@@ -964,9 +982,7 @@ class HorovodReducescatter(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(
-            reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
-        )
+        return _sync(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -1040,10 +1056,14 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     ) -> tuple[Any, ...]:
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(
-            grouped_reducescatter_async(
-                list(tensors), name, op, process_set, prescale_factor, postscale_factor
-            )
+        return _sync(
+            grouped_reducescatter_async,
+            list(tensors),
+            name,
+            op,
+            process_set,
+            prescale_factor,
+            postscale_factor,
         )
 
     @staticmethod

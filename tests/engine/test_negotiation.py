@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from ringtrain.engine import negotiation as neg
 from ringtrain.engine.requests import MAX, OpType, RequestMeta
 
@@ -65,5 +67,7 @@ def test_round_vector_layout():
         world_size=3, rank=1, num_slots=4, payload_len=17, flags=neg.FLAG_PENDING, slots=[0, 3]
     )
     assert vector.tolist() == [0, 0, 17, neg.FLAG_PENDING, 0, 0, 1, 0, 0, 1]
+    assert vector.dtype == torch.float64
+    assert neg.build_vector(2, 0, 1, 0, 0, [], eager_size=3).numel() == 8
     payload = {"m": [_meta()], "s": []}
     assert neg.decode_payload(neg.encode_payload(payload)) == payload

@@ -9,6 +9,7 @@ same round, so the copies never diverge.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -19,10 +20,10 @@ import torch
 
 from ringtrain.engine import negotiation as neg
 from ringtrain.engine.cache import ResponseCache
-from ringtrain.engine.executor import SetGroups, run_allreduce, run_single
+from ringtrain.engine.executor import SetGroups, run_allreduce, run_single, scale_
 from ringtrain.engine.fusion import fusion_key, plan_batches
 from ringtrain.engine.handles import HandleManager
-from ringtrain.engine.requests import OpType, Request, RequestMeta, Response
+from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
 from ringtrain.engine.stall import StallInspector
 from ringtrain.engine.store import World, env_seconds, make_gloo_group, make_nccl_group
 from ringtrain.engine.timeline import Timeline
@@ -42,6 +43,10 @@ DUPLICATE_NAME_MESSAGE = (
 )
 
 _CACHEABLE = {OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER}
+#: Small Sum/Average allreduces travel inside the round vector (float64): at most this many elements
+#: per request; RINGTRAIN_EAGER_ELEMENTS bounds the total (0 turns the shortcut off).
+_EAGER_MAX_ELEMENTS = 512
+_EAGER_DTYPES = {"float16", "bfloat16", "float32", "float64", "int32", "int16", "int8", "uint8"}
 #: Longest sleep between rounds while something is pending but nothing moves.
 _MAX_BACKOFF_S = 0.02
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
@@ -102,6 +107,11 @@ class Engine:
         self.broken: str | None = None
         self._round_lock = threading.Lock()
         self._drivers = 0
+        self._last_state: tuple[bool, bool, bool, bool] = (False, False, False, False)
+        self.eager_budget = _env_int("RINGTRAIN_EAGER_ELEMENTS", 2048)
+        self._eager: dict[int, tuple[int, int]] = {}
+        self._eager_size = 0
+        self._eager_version = -1
 
         # Thread-owned state.
         self._pending: dict[tuple[int, str], Request] = {}
@@ -152,6 +162,7 @@ class Engine:
         build: Callable[[int], tuple[RequestMeta, list[torch.Tensor], list[torch.Tensor | None]]],
         finish: Callable[[Any], Any] | None = None,
         keepalive: Any = None,
+        drive: bool = False,
     ) -> int:
         """Enqueue a request; ``build(handle)`` makes its metadata (auto names use the handle)."""
         with self._cv:
@@ -177,7 +188,13 @@ class Engine:
                 Request(meta=meta, handle=number, inputs=inputs, outputs=outputs, ready_events=events)
             )
             self._wake = True
-            self._cv.notify()
+            if drive:
+                # The caller synchronizes right away and will run the rounds itself: keep the
+                # background thread out of the way instead of waking it.
+                handle.driving = True
+                self._drivers += 1
+            else:
+                self._cv.notify()
         return number
 
     def join(self) -> int:
@@ -211,18 +228,20 @@ class Engine:
     # ---------------------------------------------------------------- thread
     def _main(self) -> None:
         while not self.stopped:
+            self._wait_next(*self._last_state)
             with self._cv:
                 # A user thread blocked in synchronize() drives the rounds itself (no thread hand-off
                 # on the busy path); this thread steps aside until it is done.
-                while self._drivers and not self.stopped:
-                    self._cv.wait(0.5)
+                if self._drivers:
+                    while self._drivers and not self.stopped:
+                        self._cv.wait(0.5)
+                    continue
             with self._round_lock:
                 if self.stopped or self._drivers:
                     continue
                 state = self._step()
             if state is None:
                 break
-            self._wait_next(*state)
 
     def _step(self) -> tuple[bool, bool, bool, bool] | None:
         """One round with failure handling; None once the engine has stopped. Hold ``_round_lock``."""
@@ -236,6 +255,8 @@ class Engine:
             )
             log.debug("engine failed", exc_info=True)
             state = None
+        if state is not None:
+            self._last_state = state
         if state is None:
             self.stopped = True
             self.handles.fail_all(self.broken or self._stop_reason, HorovodInternalError)
@@ -253,17 +274,15 @@ class Engine:
             handle.done.wait()
             return
         with self._cv:
-            self._drivers += 1
+            if not handle.driving:
+                handle.driving = True
+                self._drivers += 1
         try:
             while not handle.done.is_set() and not self.stopped:
-                if not self._round_lock.acquire(timeout=0.001):
-                    continue
-                try:
+                with self._round_lock:
                     if handle.done.is_set():
                         break
                     state = self._step()
-                finally:
-                    self._round_lock.release()
                 if state is None:
                     break
                 if not handle.done.is_set():
@@ -271,7 +290,9 @@ class Engine:
         finally:
             with self._cv:
                 self._drivers -= 1
-                self._cv.notify_all()
+                handle.driving = False
+                if self._incoming or self._pending or self._stop_requested:
+                    self._cv.notify_all()
         handle.done.wait()
 
     def _wait_next(self, progress: bool, mine_pending: bool, others_pending: bool, all_pending: bool) -> None:
@@ -329,13 +350,18 @@ class Engine:
         )
         slots = [] if joining else [r.slot for r in self._pending.values() if r.slot is not None]
         num_slots = self.cache.num_slots
-        vector = neg.build_vector(self.size, self.rank, num_slots, len(payload), flags, slots)
-        self.ctrl.allreduce([vector]).wait()
+        layout, eager_size = self._eager_layout()
+        vector = neg.build_vector(self.size, self.rank, num_slots, len(payload), flags, slots, eager_size)
         width = neg.HEADER_WIDTH * self.size
-        header = vector[:width].view(self.size, neg.HEADER_WIDTH).tolist()
+        eager_base = width + num_slots
+        for request in self._pending.values():
+            if request.slot is not None and request.slot in layout:
+                self._write_eager(request, vector, eager_base + layout[request.slot][0])
+        self.ctrl.allreduce([vector]).wait()
+        header = vector[:width].view(self.size, neg.HEADER_WIDTH).to(torch.int64).tolist()
         lengths = [row[0] for row in header]
         all_flags = [row[1] for row in header]
-        counts = vector[width:].tolist()
+        counts = vector[width:eager_base].to(torch.int64).tolist()
         progress = False
 
         evicted: set[int] = set()
@@ -368,6 +394,13 @@ class Engine:
             members = self.sets[response.set_id].ranks if response.set_id in self.sets else []
             expected = [m for m in members if m not in joined]
             if count == len(expected):
+                if slot in layout:
+                    # Small Sum/Average allreduce: the round's sum already is the result.
+                    offset, numel = layout[slot]
+                    start = eager_base + offset
+                    self._finish_eager(response, slot, vector[start : start + numel], len(members))
+                    progress = True
+                    continue
                 if joined & set(members) and response.op not in (OpType.ALLREDUCE, OpType.BARRIER):
                     response = Response(
                         response.key,
@@ -436,6 +469,75 @@ class Engine:
         others = any(f & neg.FLAG_PENDING for r, f in enumerate(all_flags) if r != self.rank)
         everyone = all(f & neg.FLAG_PENDING for f in all_flags)
         return progress, mine, others, everyone
+
+    def _eager_layout(self) -> tuple[dict[int, tuple[int, int]], int]:
+        """Offsets of small cached Sum/Average CPU allreduces in the round vector (same on all ranks)."""
+        if self._eager_version == self.cache.version:
+            return self._eager, self._eager_size
+        layout: dict[int, tuple[int, int]] = {}
+        total = 0
+        for slot in range(self.cache.num_slots):
+            response = self.cache.response(slot)
+            if response is None or response.op != OpType.ALLREDUCE:
+                continue
+            ref = response.reference
+            if ref.device >= 0 or ref.reduce_op not in (AVERAGE, SUM) or len(set(ref.dtypes)) != 1:
+                continue
+            if ref.dtypes[0] not in _EAGER_DTYPES:
+                continue
+            numel = sum(math.prod(shape) for shape in ref.shapes)
+            if numel == 0 or numel > _EAGER_MAX_ELEMENTS or total + numel > self.eager_budget:
+                continue
+            layout[slot] = (total, numel)
+            total += numel
+        self._eager, self._eager_size, self._eager_version = layout, total, self.cache.version
+        return layout, total
+
+    def _write_eager(self, request: Request, vector: torch.Tensor, start: int) -> None:
+        prescale = request.meta.prescale
+        for tensor in request.inputs:
+            numel = tensor.numel()
+            target = vector[start : start + numel]
+            if prescale != 1.0 and not tensor.dtype.is_floating_point:
+                # Integers are scaled (and truncated) before the reduction, as on the data path.
+                scaled = tensor.reshape(-1).clone()
+                scale_(scaled, prescale)
+                target.copy_(scaled)
+            else:
+                target.copy_(tensor.reshape(-1))
+                if prescale != 1.0:
+                    target.mul_(prescale)
+            start += numel
+
+    def _finish_eager(self, response: Response, slot: int, summed: torch.Tensor, set_size: int) -> None:
+        ident = (response.set_id, response.key)
+        self.cache.touch(slot)
+        request = self._pending.pop(ident, None)
+        if self.rank == 0:
+            self.stall.forget(_display(ident))
+        if request is None:
+            return
+        ref = response.reference
+        post = ref.postscale / set_size if ref.reduce_op == AVERAGE else ref.postscale
+        if post != 1.0:
+            summed = summed * post
+        for name in request.meta.names:
+            self.timeline.end(name, f"NEGOTIATE_{request.meta.op.name}")
+            self.timeline.begin(name, "ALLREDUCE")
+        offset = 0
+        for i, tensor in enumerate(request.inputs):
+            numel = tensor.numel()
+            values = summed[offset : offset + numel]
+            if not tensor.dtype.is_floating_point:
+                values = values.trunc()
+            out = request.outputs[i]
+            if out is None:
+                out = request.outputs[i] = torch.empty_like(tensor)
+            out.reshape(-1).copy_(values)
+            offset += numel
+        for name in request.meta.names:
+            self.timeline.end(name, "ALLREDUCE")
+        self._complete(request, None)
 
     def _gather(self, payload: bytes, lengths: list[int]) -> list[bytes]:
         width = max(lengths)

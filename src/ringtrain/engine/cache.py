@@ -19,6 +19,8 @@ class ResponseCache:
         self._index: dict[tuple[int, str], int] = {}
         self._last_used: dict[int, int] = {}
         self._clock = 0
+        #: Bumped whenever the set of entries changes (layouts derived from the cache are recomputed).
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._index)
@@ -52,6 +54,7 @@ class ResponseCache:
             self._slots.append(None)
         self._slots[slot] = response
         self._index[ident] = slot
+        self.version += 1
         self.touch(slot)
         return slot
 
@@ -64,6 +67,7 @@ class ResponseCache:
         if slot is not None:
             self._slots[slot] = None
             self._last_used.pop(slot, None)
+            self.version += 1
         return slot
 
     def evict_set(self, set_id: int) -> list[int]:

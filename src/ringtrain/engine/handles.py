@@ -10,7 +10,7 @@ from typing import Any
 class Handle:
     """Completion state of one submitted request (or group)."""
 
-    __slots__ = ("done", "error", "error_type", "finish", "keepalive", "outputs", "result")
+    __slots__ = ("done", "driving", "error", "error_type", "finish", "keepalive", "outputs", "result")
 
     def __init__(self, finish: Callable[[Any], Any] | None = None) -> None:
         self.done = threading.Event()
@@ -20,6 +20,8 @@ class Handle:
         # Converts raw outputs into what synchronize() returns (tuple for groups, ...).
         self.finish = finish
         self.result: Any = None
+        # A user thread is (or is about to be) running rounds until this handle completes.
+        self.driving = False
         # Inputs stay referenced until synchronize(), as in Horovod.
         self.keepalive: Any = None
 

@@ -1,11 +1,14 @@
 """Negotiation: the per-round wire format and the deterministic agreement checks.
 
-Each round every rank contributes one int32 vector to a single SUM-allreduce on the control group::
+Each round every rank contributes one float64 vector to a single SUM-allreduce on the control group::
 
-    [payload_len_0, flags_0, payload_len_1, flags_1, ..., bit_slot_0, bit_slot_1, ...]
+    [payload_len_0, flags_0, payload_len_1, flags_1, ..., bit_slot_0, bit_slot_1, ..., eager data]
 
 Rank ``r`` writes only its own two header entries, so the sum carries every rank's values; the slot
-part counts, per response-cache slot, how many ranks have that cached name pending. Only when some
+part counts, per response-cache slot, how many ranks have that cached name pending. The eager part
+carries the data of small cached Sum/Average allreduces at offsets fixed by the (replicated) cache:
+when such a slot turns out ready, the sum already is the result, and the request completes with one
+collective instead of two. Only when some
 rank has new (uncached) requests does the round add one allgather of pickled metadata. Every rank then
 runs the same decision code on the same replicated data, so no coordinator broadcast is needed.
 """
@@ -27,10 +30,16 @@ HEADER_WIDTH = 2
 
 
 def build_vector(
-    world_size: int, rank: int, num_slots: int, payload_len: int, flags: int, slots: list[int]
+    world_size: int,
+    rank: int,
+    num_slots: int,
+    payload_len: int,
+    flags: int,
+    slots: list[int],
+    eager_size: int = 0,
 ) -> torch.Tensor:
-    """This rank's contribution to the round allreduce."""
-    vector = torch.zeros(HEADER_WIDTH * world_size + num_slots, dtype=torch.int32)
+    """This rank's contribution to the round allreduce (float64: counts are exact, eager data fits)."""
+    vector = torch.zeros(HEADER_WIDTH * world_size + num_slots + eager_size, dtype=torch.float64)
     vector[HEADER_WIDTH * rank] = payload_len
     vector[HEADER_WIDTH * rank + 1] = flags
     if slots:

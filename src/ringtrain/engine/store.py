@@ -133,7 +133,6 @@ def make_gloo_group(
     options = dist.ProcessGroupGloo._Options()
     options._timeout = datetime.timedelta(seconds=timeout_s)
     options._devices = _gloo_devices(len(ranks))
-    options._threads = 1
     store = dist.PrefixStore(f"{tag}/", world.store)
     return dist.ProcessGroupGloo(store, ranks.index(world.rank), len(ranks), options)
 
