@@ -164,6 +164,5 @@ class SnapshotManager:
             raise SnapshotError(f"{path} is damaged or truncated and cannot be read ({reason}). "
                                 f"{hint}") from None
         except Exception as exc:  # weights_only refuses foreign pickles with UnpicklingError
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise SnapshotError(f"{path} is not a snapshot that can be loaded safely ({reason}). "
-                                f"{hint}") from None
+            raise SnapshotError(f"{path} is damaged, truncated or not a snapshot that loads safely with "
+                                f"weights_only=True ({type(exc).__name__}). {hint}") from None

@@ -156,6 +156,7 @@ class DDPStrategy(Strategy):
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
         self._owns_group = False
 

@@ -7,6 +7,7 @@ and returns one ``EpochResult`` per epoch, identical on every rank.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -135,6 +136,9 @@ class Trainer:
         """Close the logs and leave the job (destroys only a process group the Trainer started)."""
         if self.metrics_log is not None:
             self.metrics_log.close()
+        # a DDP wrapper outliving its process group hangs in gloo's destructor: drop it first
+        self.train_model = self.strategy.unwrap(self.train_model)
+        gc.collect()
         self.strategy.teardown()
 
     def __enter__(self) -> Trainer:
