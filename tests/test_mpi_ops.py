@@ -435,3 +435,48 @@ def test_queries_work_before_init():
     assert not hvd.ddl_built()
     assert hvd.nccl_built() == 0 or hvd.nccl_built() > 2000
     assert hvd.cuda_built() == (torch.version.cuda is not None)
+
+
+def _cached_path_matches_first_call() -> int:
+    """Repeated names take the cached path (small ones ride in the round vector): same numerics."""
+    ensure_init(keep_settings=True)
+    rank = hvd.rank()
+    for dtype in [torch.int32, torch.int8, torch.float16, torch.bfloat16, torch.float32, torch.float64]:
+        for op, pre, post in [
+            (hvd.Sum, 1.0, 1.0),
+            (hvd.Average, 1.0, 1.0),
+            (hvd.Sum, 0.5, 3.0),
+            (hvd.Average, 3.0, 0.5),
+        ]:
+            t = (torch.tensor([[-7, 5, 3], [1, 0, 9]]) * (rank + 1)).to(dtype)
+            results = [
+                hvd.allreduce(
+                    t, name=f"rep.{dtype}.{op}.{pre}", op=op, prescale_factor=pre, postscale_factor=post
+                )
+                for _ in range(3)
+            ]
+            for later in results[1:]:
+                assert later.dtype == dtype
+                assert torch.allclose(later.double(), results[0].double(), rtol=1e-2), (
+                    dtype,
+                    op,
+                    pre,
+                    later,
+                    results[0],
+                )
+    group = [torch.ones(2) * rank, torch.arange(3, dtype=torch.float64)]
+    outs = [hvd.grouped_allreduce(group, name="rep.group", op=hvd.Sum) for _ in range(3)]
+    assert all(o[0].tolist() == [1.0, 1.0] and o[1].tolist() == [0.0, 2.0, 4.0] for o in outs)
+    from ringtrain.engine import state
+
+    return state.require()._eager_size
+
+
+@pytest.mark.parametrize("eager", ["2048", "0"])
+def test_cached_path_matches_first_call(ranks2, eager):
+    ranks2.run(fresh, {"RINGTRAIN_EAGER_ELEMENTS": eager})
+    try:
+        eager_elements = ranks2.run(_cached_path_matches_first_call)
+        assert (eager_elements[0] > 0) == (eager != "0")
+    finally:
+        ranks2.run(fresh)

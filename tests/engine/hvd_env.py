@@ -16,6 +16,7 @@ ENGINE_VARIABLES = (
     "HOROVOD_STALL_CHECK_DISABLE",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
     "HOROVOD_DYNAMIC_PROCESS_SETS",
+    "RINGTRAIN_EAGER_ELEMENTS",
 )
 
 
@@ -32,10 +33,10 @@ def fresh(env: Mapping[str, str] | None = None, **init_kwargs: object) -> None:
     hvd.init(**init_kwargs)
 
 
-def ensure_init() -> None:
-    """Init with default settings unless an engine with default settings is already running."""
+def ensure_init(keep_settings: bool = False) -> None:
+    """Init with default settings unless an engine (with default settings) is already running."""
     import ringtrain.mpi_ops as hvd
 
-    if hvd.is_initialized() and not any(name in os.environ for name in ENGINE_VARIABLES):
+    if hvd.is_initialized() and (keep_settings or not any(name in os.environ for name in ENGINE_VARIABLES)):
         return
     fresh()
