@@ -141,3 +141,25 @@ def _not_member_and_unregistered() -> None:
 
 def test_unregistered_process_set_is_rejected(ranks2):
     ranks2.run(_not_member_and_unregistered)
+
+
+def _lru_displaces_pending_entry() -> None:
+    fresh({"HOROVOD_CACHE_CAPACITY": "2"})
+    rank = hvd.rank()
+    for name in ["n2", "n3", "n3"]:
+        hvd.allreduce(torch.ones(1), name=name, op=hvd.Sum)
+    # Rank 0 has cached "n2" pending when "n5" enters the full cache and evicts "n2" (least recently used).
+    if rank == 0:
+        h2 = hvd.allreduce_async(torch.ones(1), name="n2", op=hvd.Sum)
+    h5 = hvd.allreduce_async(torch.ones(1) * 5, name="n5", op=hvd.Sum)
+    assert hvd.synchronize(h5).item() == 10.0
+    if rank == 1:
+        h2 = hvd.allreduce_async(torch.ones(1), name="n2", op=hvd.Sum)
+    assert hvd.synchronize(h2).item() == 2.0
+    for name in ["n2", "n3", "n5", "n2"]:
+        assert hvd.allreduce(torch.ones(1), name=name, op=hvd.Sum).item() == 2.0
+    fresh()
+
+
+def test_cache_eviction_of_a_pending_name_renegotiates_it(ranks2):
+    ranks2.run(_lru_displaces_pending_entry)

@@ -365,6 +365,7 @@ class Engine:
         progress = False
 
         evicted: set[int] = set()
+        cache_version = self.cache.version
         if any(lengths):
             progress = True
             now = time.monotonic()
@@ -435,6 +436,8 @@ class Engine:
         if responses:
             progress = True
             self._execute(responses)
+        if self.cache.version != cache_version:
+            self._requeue_displaced()
 
         newly = sorted(joined - self._joined_prev)
         if newly:
@@ -555,6 +558,17 @@ class Engine:
             request.slot = None
             if sender != self.rank:
                 self._resend.append(request.meta)
+
+    def _requeue_displaced(self) -> None:
+        """Pending requests whose cache entry was evicted (capacity, removed set) are renegotiated."""
+        for ident, request in self._pending.items():
+            if request.slot is None:
+                continue
+            entry = self.cache.response(request.slot)
+            if entry is None or (entry.set_id, entry.key) != ident:
+                request.slot = None
+                if request.meta not in self._resend:
+                    self._resend.append(request.meta)
 
     def _waiting(self, joined: set[int]) -> dict[str, tuple[float, set[int], list[int]]]:
         waiting: dict[str, tuple[float, set[int], list[int]]] = {}

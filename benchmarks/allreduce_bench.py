@@ -1,0 +1,291 @@
+"""Allreduce latency and bandwidth: ringtrain's engine vs a raw ``torch.distributed.all_reduce``.
+
+One command, one run, both competitors in the same processes::
+
+    python benchmarks/allreduce_bench.py            # about 2-3 minutes on 2 cores
+    python benchmarks/allreduce_bench.py --quick    # a smoke run (seconds)
+
+Two ranks with one thread each (gloo over loopback) allreduce float32 tensors from 4 B to 64 MiB.
+For every size, timed windows alternate between the raw call and ``hvd.allreduce`` (a synchronous,
+named, Horovod-style call that goes through negotiation, the response cache and execution), so slow
+drift of a shared machine hits both. The report gives per-call latency (median and min-max over the
+windows), algorithm bandwidth (bytes / latency), the ringtrain/raw latency ratio, a fused case (many
+small async allreduces then one synchronize, against the same number of raw calls), and the CPU used
+by an idle engine. Results go to ``benchmarks/results/allreduce_bench_<cpu>_<date>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+SIZES = [4, 64, 1024, 16 * 1024, 256 * 1024, 4 * 1024 * 1024, 64 * 1024 * 1024]
+QUICK_SIZES = [4, 4096, 1024 * 1024]
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or "unknown"
+    try:
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        if match:
+            cpu = match.group(1).strip()
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def iterations_for(nbytes: int, quick: bool) -> int:
+    """Enough calls per window that a window lasts roughly 0.1-0.5 s on a laptop-class CPU."""
+    if nbytes <= 64 * 1024:
+        calls = 200
+    elif nbytes <= 1024 * 1024:
+        calls = 40
+    elif nbytes <= 8 * 1024 * 1024:
+        calls = 8
+    else:
+        calls = 2
+    return max(1, calls // 4) if quick else calls
+
+
+def _window(fn, calls: int) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        }
+    )
+    torch.set_num_threads(1)
+    import ringtrain.mpi_ops as hvd
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    hvd.init()  # shares torch.distributed's store; its groups are its own
+    rows = []
+    for nbytes in args.sizes:
+        tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        calls = iterations_for(nbytes, args.quick)
+
+        def raw(t: torch.Tensor = tensor) -> None:
+            dist.all_reduce(t)
+
+        def ours(t: torch.Tensor = tensor, n: int = nbytes) -> None:
+            hvd.allreduce_(t, name=f"bench.{n}", op=hvd.Sum)
+
+        for fn in (raw, ours):  # warm-up (connections, caches, allocator)
+            _window(fn, max(1, calls // 4))
+        raw_times, our_times = [], []
+        for window in range(args.windows):
+            pair = [(raw, raw_times), (ours, our_times)]
+            for fn, times in pair if window % 2 == 0 else pair[::-1]:
+                times.append(_window(fn, calls))
+        rows.append(
+            {"bytes": nbytes, "calls_per_window": calls, "raw_s": raw_times, "ringtrain_s": our_times}
+        )
+
+    # Fusion: many small async requests, then one synchronize, against as many raw calls.
+    count, small = (100, 1024) if not args.quick else (20, 1024)
+    tensors = [torch.ones(small) for _ in range(count)]
+
+    def raw_many() -> None:
+        for t in tensors:
+            dist.all_reduce(t)
+
+    def ours_many() -> None:
+        handles = [hvd.allreduce_async_(t, name=f"many.{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    for fn in (raw_many, ours_many):
+        _window(fn, 2)
+    fused = {"tensors": count, "bytes_each": small * 4, "raw_s": [], "ringtrain_s": []}
+    for window in range(args.windows):
+        pair = [(raw_many, fused["raw_s"]), (ours_many, fused["ringtrain_s"])]
+        for fn, times in pair if window % 2 == 0 else pair[::-1]:
+            times.append(_window(fn, 3))
+
+    # Idle engine: the main thread sleeps; whatever CPU the process uses is the engine's.
+    dist.barrier()
+    start_cpu, start = time.process_time(), time.monotonic()
+    time.sleep(args.idle_seconds)
+    idle = (time.process_time() - start_cpu) / (time.monotonic() - start)
+    dist.barrier()
+    hvd.shutdown()
+    dist.destroy_process_group()
+    queue.put((rank, {"rows": rows, "fused": fused, "idle_cpu_fraction": idle}))
+
+
+def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for row in results[0]["rows"]:
+        raw = statistics.median(row["raw_s"])
+        ours = statistics.median(row["ringtrain_s"])
+        rows.append(
+            {
+                "bytes": row["bytes"],
+                "raw_latency_us": {
+                    "median": raw * 1e6,
+                    "min": min(row["raw_s"]) * 1e6,
+                    "max": max(row["raw_s"]) * 1e6,
+                },
+                "ringtrain_latency_us": {
+                    "median": ours * 1e6,
+                    "min": min(row["ringtrain_s"]) * 1e6,
+                    "max": max(row["ringtrain_s"]) * 1e6,
+                },
+                "raw_bandwidth_MBps": row["bytes"] / raw / 1e6,
+                "ringtrain_bandwidth_MBps": row["bytes"] / ours / 1e6,
+                "latency_ratio": ours / raw,
+                "windows": len(row["raw_s"]),
+                "calls_per_window": row["calls_per_window"],
+            }
+        )
+    fused = results[0]["fused"]
+    return {
+        "benchmark": "allreduce_bench",
+        "machine": machine(),
+        "setup": {
+            "ranks": 2,
+            "threads_per_rank": 1,
+            "backend": "gloo over loopback",
+            "dtype": "float32",
+            "windows": args.windows,
+            "quick": args.quick,
+            "ringtrain_call": "hvd.allreduce_(t, name=..., op=hvd.Sum) (synchronous)",
+            "raw_call": "torch.distributed.all_reduce(t)",
+        },
+        "sizes": rows,
+        "fused": {
+            "tensors": fused["tensors"],
+            "bytes_each": fused["bytes_each"],
+            "raw_ms": statistics.median(fused["raw_s"]) * 1e3,
+            "ringtrain_ms": statistics.median(fused["ringtrain_s"]) * 1e3,
+            "ratio": statistics.median(fused["ringtrain_s"]) / statistics.median(fused["raw_s"]),
+        },
+        "idle_cpu_percent": {
+            str(rank): res["idle_cpu_fraction"] * 100 for rank, res in sorted(results.items())
+        },
+    }
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        "# Allreduce: ringtrain engine vs raw torch.distributed",
+        "",
+        f"- Machine: {m['cpu']}, {m['cores']} cores; {m['platform']}",
+        f"- torch {m['torch']}, Python {m['python']}; measured {m['date']}",
+        f"- 2 ranks x 1 thread, gloo over loopback, float32; {report['setup']['windows']} windows per size, "
+        "alternating raw and ringtrain; latency is per call (median, min-max over windows).",
+        "",
+        "| size | raw latency (us) | ringtrain latency (us) | ratio | raw MB/s | ringtrain MB/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["sizes"]:
+        raw, ours = row["raw_latency_us"], row["ringtrain_latency_us"]
+        lines.append(
+            f"| {_human(row['bytes'])} | {raw['median']:.0f} ({raw['min']:.0f}-{raw['max']:.0f}) | "
+            f"{ours['median']:.0f} ({ours['min']:.0f}-{ours['max']:.0f}) | {row['latency_ratio']:.2f} | "
+            f"{row['raw_bandwidth_MBps']:.1f} | {row['ringtrain_bandwidth_MBps']:.1f} |"
+        )
+    fused = report["fused"]
+    idle = ", ".join(f"rank {r}: {v:.2f}%" for r, v in report["idle_cpu_percent"].items())
+    lines += [
+        "",
+        f"Fused: {fused['tensors']} x {_human(fused['bytes_each'])} async allreduces then synchronize: "
+        f"{fused['ringtrain_ms']:.1f} ms vs {fused['raw_ms']:.1f} ms for as many raw calls "
+        f"(ratio {fused['ratio']:.2f}).",
+        "",
+        f"Idle engine CPU (share of one core): {idle}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few sizes and calls: a smoke run")
+    parser.add_argument(
+        "--windows", type=int, default=None, help="timed windows per size (default 7, quick 3)"
+    )
+    parser.add_argument("--idle-seconds", type=float, default=None, help="idle CPU measurement (default 3 s)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown report")
+    args = parser.parse_args(argv)
+    args.sizes = QUICK_SIZES if args.quick else SIZES
+    args.windows = args.windows or (3 if args.quick else 7)
+    args.idle_seconds = args.idle_seconds or (1.0 if args.quick else 3.0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(rank, 2, port, args, queue)) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        for _ in procs:
+            rank, result = queue.get(timeout=1800)
+            results[rank] = result
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    report = summarize(results, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cpu = re.sub(r"[^A-Za-z0-9]+", "-", report["machine"]["cpu"]).strip("-").lower()[:40]
+    stem = f"allreduce_bench_{cpu}_{dt.datetime.now(dt.UTC):%Y%m%d}" + ("_quick" if args.quick else "")
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = markdown(report)
+    (args.out / f"{stem}.md").write_text(text)
+    print(text)
+    print(f"wrote {args.out / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
