@@ -68,8 +68,8 @@ def test_matches_batch_norm_over_the_global_batch(ranks2, shape_tail, sizes):
         torch.testing.assert_close(result["mean"], ref["mean"])
         torch.testing.assert_close(result["var"], ref["var"])
         # eval mode uses the running statistics
-        expected = torch.nn.functional.batch_norm(result["x"], ref["mean"], ref["var"],
-                                                  torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0.0, -1.0, 3.0]))
+        weight, bias = torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0.0, -1.0, 3.0])
+        expected = torch.nn.functional.batch_norm(result["x"], ref["mean"], ref["var"], weight, bias)
         torch.testing.assert_close(result["eval"], expected, atol=1e-5, rtol=1e-5)
 
 
