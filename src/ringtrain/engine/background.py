@@ -133,10 +133,13 @@ class Engine:
         self._next_set_id += 1
         tag = f"set{set_id}"
         world = self.world
-        gloo = world_group = None
-        if self.rank in ranks:
-            world_group = make_gloo_group(world, tag, ranks)
-            gloo = world_group
+        gloo = None
+        if set_id == 0:
+            # The global set's data runs on the control group: the same thread issues both, in the
+            # agreed order, and staying on one group keeps gloo's worker threads warm.
+            gloo = self.ctrl
+        elif self.rank in ranks:
+            gloo = make_gloo_group(world, tag, ranks)
         groups = SetGroups(
             set_id=set_id,
             ranks=list(ranks),
