@@ -12,7 +12,8 @@ from ringtrain.train.metrics import MetricTotals, real_items_in_batch
 from ringtrain.workloads import TensorPairDataset
 
 
-@pytest.mark.parametrize(("size", "world", "batch"), [(7, 2, 2), (10, 3, 4), (5, 4, 1), (64, 2, 64), (3, 2, 8)])
+@pytest.mark.parametrize(("size", "world", "batch"),
+                         [(7, 2, 2), (10, 3, 4), (5, 4, 1), (64, 2, 64), (3, 2, 8)])
 def test_real_items_match_the_padded_sampler(size, world, batch):
     # count the real items the way the sampler hands them out: positions >= size repeat earlier items
     total_real = 0

@@ -68,13 +68,16 @@ class ShardedLoader:
         self.rank = rank
         self.sampler = ResumableSampler(DistributedSampler(data, num_replicas=world_size, rank=rank,
                                                            shuffle=shuffle, seed=seed, drop_last=False))
+        # a private generator: creating an iterator must not draw from the global RNG, or a resumed
+        # run (whose iterator starts after the RNG restore) would drift from the uninterrupted one
+        generator = torch.Generator().manual_seed(seed + rank)
         if _holds_whole_tensors(data) and collate_fn is None:
             batches = BatchSampler(self.sampler, batch_size, drop_last=False)
             self.loader = DataLoader(_WholeBatches(data), sampler=batches, batch_size=None,
-                                     num_workers=num_workers, pin_memory=pin_memory)
+                                     num_workers=num_workers, pin_memory=pin_memory, generator=generator)
         else:
             self.loader = DataLoader(data, batch_size=batch_size, sampler=self.sampler, collate_fn=collate_fn,
-                                     num_workers=num_workers, pin_memory=pin_memory)
+                                     num_workers=num_workers, pin_memory=pin_memory, generator=generator)
 
     @property
     def dataset_size(self) -> int:
