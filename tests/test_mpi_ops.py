@@ -480,3 +480,13 @@ def test_cached_path_matches_first_call(ranks2, eager):
         assert (eager_elements[0] > 0) == (eager != "0")
     finally:
         ranks2.run(fresh)
+
+
+def test_exceptions_are_runtime_errors_with_horovods_names():
+    from ringtrain.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    assert issubclass(HorovodInternalError, RuntimeError)
+    assert hvd.HorovodInternalError is HorovodInternalError
+    assert HostsUpdatedInterrupt(True).skip_sync is True
+    assert HostsUpdatedInterrupt().skip_sync is False
+    assert isinstance(HostsUpdatedInterrupt(), RuntimeError)
