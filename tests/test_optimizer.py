@@ -427,3 +427,11 @@ def test_process_set(ranks3):
     _loss(lonely, 1).backward()
     for got, p in zip(results[1]["grads"], lonely.parameters()):
         torch.testing.assert_close(got, p.grad)
+
+
+def test_refused_before_init():
+    if hvd.is_initialized():
+        pytest.skip("another test initialised ringtrain in the test process itself")
+    model = _model()
+    with pytest.raises(ValueError, match=r"hvd.init\(\)"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -108,8 +108,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_handles: dict[int, tuple[Any, list[Any]]] = {}
         self._solo: set[torch.Tensor] = set()  # sparse gradients: allgather-based, one by one
 
-        communicate = process_set.included() and (
-            mpi_ops.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        world = mpi_ops.size()  # before init this raises Horovod's "use hvd.init()" ValueError
+        communicate = process_set.included() and (world > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if communicate:
             self._set_buckets(groups)
             self._register_hooks()
