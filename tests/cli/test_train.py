@@ -1,0 +1,160 @@
+"""``ringtrain train``: bad input exits 2 with a message (also from inside ranks); -np 2 end to end;
+a 2-rank run killed mid-epoch resumes from its last snapshot."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.main import main
+
+QUICK = ["--subset", "200", "--epochs", "1", "--no-progress", "--threads", "1"]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringtrain.cli.main", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--save-every", "0"], "--save-every 0"),
+    (["--data-dir", "no/such/folder"], "--data-dir no/such/folder"),
+    (["-np", "0"], "-np 0"),
+    (["--lr", "-1"], "--lr -1"),
+    (["--warmup-epochs", "2"], "scale_lr"),
+    (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
+    (["--keep-last", "0"], "keep_last=0"),
+])
+def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
+    assert main(["train", "mnist", *QUICK, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "HINT" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_workload_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "imagenet"])
+    assert info.value.code == 2
+    assert "imagenet" in capsys.readouterr().err
+
+
+def test_wrong_file_format_exits_2(tmp_path, capsys):
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (folder / name).write_bytes(b"this is not an IDX file")
+    assert main(["train", "mnist", *QUICK, "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "HINT" in err
+    assert "Traceback" not in err
+
+
+def test_corrupt_snapshot_exits_2_before_training(tmp_path, capsys):
+    (tmp_path / "snapshot-000000004.pt").write_bytes(b"\x00" * 100)
+    assert main(["train", "mnist", *QUICK, "--snapshot-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "snapshot-000000004.pt" in err
+    assert "HINT: delete" in err
+
+
+def test_one_process_trains_and_snapshots(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    code = main(["train", "synthetic", *QUICK, "--snapshot-dir", str(tmp_path / "snaps"),
+                 "--results-json", str(results)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "epoch 1/1" in out
+    assert "samples/s" in out
+    assert "snapshot" in out
+    body = json.loads(results.read_text())
+    assert body["world_size"] == 1
+    assert len(body["epochs"]) == 1
+    assert list((tmp_path / "snaps").glob("snapshot-*.pt"))
+
+
+@pytest.mark.slow
+def test_two_ranks_end_to_end(tmp_path):
+    results = tmp_path / "results.json"
+    proc = _ringtrain("train", "mnist", "-np", "2", "--subset", "1000", "--epochs", "2", "--no-progress",
+                      "--results-json", str(results), "--log-dir", str(tmp_path / "logs"))
+    assert proc.returncode == 0, proc.stderr
+    assert "epoch 2/2" in proc.stdout
+    assert "accuracy" in proc.stdout
+    body = json.loads(results.read_text())
+    assert body["world_size"] == 2
+    assert body["epochs"][-1]["accuracy"] > 0.6
+    assert (tmp_path / "logs" / "metrics.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.slow
+def test_error_inside_a_rank_exits_2(tmp_path):
+    (tmp_path / "mnist").mkdir()  # a folder without the files: every rank fails to read the data
+    proc = _ringtrain("train", "mnist", "-np", "2", "--data-dir", str(tmp_path), "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert "ringtrain train: error:" in proc.stderr
+    assert "HINT" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume(tmp_path):
+    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+    argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", "2", "--subset", "2000",
+            "--epochs", "2", "--batch-size", "32", "--save-every-steps", "5", "--snapshot-dir", str(snaps),
+            "--keep-last", "2", "--no-progress", "--results-json", str(results)]
+    # 2000 items / (2 ranks x 32) = 32 steps per epoch: kill once a step snapshot inside epoch 1 exists
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(int(p.stem.split("-")[1]) >= 10 for p in snaps.glob("snapshot-*.pt")):
+            assert first.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no step snapshot appeared"
+            time.sleep(0.05)
+    finally:
+        # the launcher and every rank at once, like a lost node (ranks run in sessions of their own)
+        for pid in [first.pid, *_descendants(first.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        first.wait(timeout=60)
+    assert not results.exists()
+    killed_at = max(int(p.stem.split("-")[1]) for p in snaps.glob("snapshot-*.pt"))
+    assert killed_at < 32  # mid-epoch 1
+
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout
+    body = json.loads(results.read_text())
+    assert body["resumed_from"] is not None
+    assert Path(body["resumed_from"]).name.startswith("snapshot-")
+    assert [e["epoch"] for e in body["epochs"]] == [1, 2]  # epoch 1 finished, then epoch 2: 2 in total
+    assert body["epochs"][-1]["steps"] == 64
+    assert body["epochs"][-1]["accuracy"] > 0.85
