@@ -126,6 +126,7 @@ def _tuning(env: dict) -> None:
         {"HOROVOD_FUSION_THRESHOLD": "0"},
         {"HOROVOD_FUSION_THRESHOLD": "64"},
         {"HOROVOD_CYCLE_TIME": "5"},
+        {"HOROVOD_CYCLE_TIME": "0"},
     ],
 )
 def test_tuning_variables_keep_results_correct(ranks2, env):

@@ -311,7 +311,7 @@ class Engine:
             if mine_pending or others_pending:
                 timeout = self._backoff
                 if not progress:
-                    self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)
+                    self._backoff = min(max(self._backoff * 2, 1e-4), _MAX_BACKOFF_S)
             else:
                 timeout = _IDLE_PERIOD_S
             if timeout > 0:
