@@ -33,13 +33,13 @@ def _stall_warning() -> list[str]:
         if rank == 0:
             handle = hvd.allreduce_async(torch.ones(1), name="lonely")
         else:
-            time.sleep(2.5)
+            time.sleep(3.5)
             handle = hvd.allreduce_async(torch.ones(1), name="lonely")
         hvd.synchronize(handle)
         # Cached name: rank 0 arrives late; rank 0 learns about it from rank 1's report.
         hvd.allreduce(torch.ones(1), name="cached")
         if rank == 0:
-            time.sleep(2.5)
+            time.sleep(3.5)
         hvd.allreduce(torch.ones(1), name="cached")
     finally:
         logger.removeHandler(collect)
