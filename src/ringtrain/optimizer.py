@@ -1,9 +1,12 @@
 """``DistributedOptimizer``: wrap any torch optimizer so gradients are averaged across ranks.
 
-Each parameter gets a post-accumulate-grad hook. When its gradient is final for this step (after
-``backward_passes_per_step`` backward passes), the hook submits a named, asynchronous, in-place
-allreduce, so communication of late layers overlaps backward computation of early ones.
+Each parameter gets a post-accumulate-grad hook. Parameters are allreduced in buckets (the user's
+``groups``, or by default runs of parameters in backward order up to ``RINGTRAIN_BUCKET_CAP_MB``,
+25 MB, the first bucket 1 MB): once every gradient of a bucket is final for this step (after
+``backward_passes_per_step`` backward passes), the hook submits one named, asynchronous, in-place
+grouped allreduce, so communication of late layers overlaps backward computation of early ones.
 ``step()`` waits for the handles (``synchronize()``) and then runs the wrapped optimizer's step.
+``RINGTRAIN_BUCKET_CAP_MB=0`` gives Horovod's own one-request-per-parameter behaviour.
 """
 
 from __future__ import annotations
