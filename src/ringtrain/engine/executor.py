@@ -76,8 +76,9 @@ def _wait(work: Any, device: int) -> None:
 def _wait_inputs(requests: list[Request | None]) -> None:
     for request in requests:
         if request is not None and request.ready_events:
+            # The communication stream waits for the producer stream recorded at enqueue time.
             for event in request.ready_events:
-                torch.cuda.current_stream(event.device).wait_event(event)
+                torch.cuda.current_stream(request.meta.device).wait_event(event)
 
 
 def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroups) -> None:
