@@ -5,8 +5,11 @@ snapshot every ``SAVE_EVERY`` epochs, automatic resume), with three changes that
 
 * ranks come from ``ringtrain.env``, so the same script runs under torchrun, ``ringtrain run``,
   Slurm or mpirun, on CPUs (gloo) or GPUs (NCCL);
-* only global rank 0 writes the snapshot, and atomically (a kill mid-write leaves the previous one);
+* only global rank 0 writes the snapshot, through ``ringtrain.train.SnapshotManager``: atomically
+  (a kill mid-write leaves the previous one), checked against the model on load, the last two kept;
 * the snapshot holds the optimizer too and counts *finished* epochs, so a resumed run repeats none.
+
+Every rank reads the snapshot on start, so the snapshot folder must be one that every node sees.
 
 Run two processes for 10 epochs, a snapshot every 2; kill it and run the same line again to resume:
 
@@ -16,7 +19,6 @@ Run two processes for 10 epochs, a snapshot every 2; kill it and run the same li
 
 import argparse
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from ringtrain.env import detect_environment
+from ringtrain.train import SnapshotManager
+from ringtrain.train.snapshots import model_fingerprint
 from ringtrain.workloads import get_workload
 
 
@@ -44,32 +48,25 @@ def ddp_setup() -> tuple[int, int, torch.device]:
     return placement.rank, placement.local_rank, device
 
 
-def save_snapshot(path: Path, snapshot: dict) -> None:
-    """Write ``snapshot`` to ``path`` atomically: a temporary file beside it, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    torch.save(snapshot, partial)
-    os.replace(partial, path)
-
-
 class Trainer:
     def __init__(self, model: torch.nn.Module, train_data: DataLoader, optimizer: torch.optim.Optimizer,
-                 save_every: int, snapshot_path: Path, rank: int, device: torch.device) -> None:
+                 save_every: int, snapshot_dir: str, rank: int, device: torch.device) -> None:
         self.rank = rank
         self.device = device
         self.model = model.to(device)
         self.train_data = train_data
         self.optimizer = optimizer
         self.save_every = save_every
-        self.snapshot_path = snapshot_path
+        self.snapshots = SnapshotManager(snapshot_dir, keep_last=2)
+        self.fingerprint = model_fingerprint(model)  # a snapshot of another model is refused
         self.epochs_run = 0
-        if snapshot_path.exists():
+        if self.snapshots.latest() is not None:
             self._load_snapshot()
         # DDP broadcasts rank 0's weights at construction, so every rank starts from the snapshot.
         self.model = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def _load_snapshot(self) -> None:
-        snapshot = torch.load(self.snapshot_path, map_location=self.device)
+        snapshot = self.snapshots.load(self.snapshots.latest(), self.fingerprint)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
@@ -100,9 +97,11 @@ class Trainer:
             "MODEL_STATE": self.model.module.state_dict(),
             "OPTIMIZER_STATE": self.optimizer.state_dict(),
             "EPOCHS_RUN": epoch + 1,
+            "fingerprint": self.fingerprint,
         }
-        save_snapshot(self.snapshot_path, snapshot)
-        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}", flush=True)
+        # Files are named by a counter that only grows: here, the number of finished epochs.
+        path = self.snapshots.save(snapshot, step=epoch + 1)
+        print(f"Epoch {epoch} | Training snapshot saved at {path}", flush=True)
 
     def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
@@ -121,7 +120,7 @@ def load_train_objs(data_dir: str | None,
     return train_set, model, optimizer
 
 
-def main(total_epochs: int, save_every: int, batch_size: int, snapshot_path: Path,
+def main(total_epochs: int, save_every: int, batch_size: int, snapshot_dir: str,
          data_dir: str | None, subset: int) -> None:
     torch.set_num_threads(1)  # several processes share the machine's cores
     rank, _, device = ddp_setup()
@@ -129,7 +128,7 @@ def main(total_epochs: int, save_every: int, batch_size: int, snapshot_path: Pat
     dataset, model, optimizer = load_train_objs(data_dir, subset)
     train_data = DataLoader(dataset, batch_size=batch_size, shuffle=False,
                             sampler=DistributedSampler(dataset))
-    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path, rank, device)
+    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_dir, rank, device)
     trainer.train(total_epochs)
     dist.destroy_process_group()
 
@@ -140,9 +139,9 @@ if __name__ == "__main__":
     parser.add_argument("save_every", type=int, help="How often to save a snapshot")
     parser.add_argument("--batch_size", default=32, type=int,
                         help="Input batch size on each device (default: 32)")
-    parser.add_argument("--snapshot-path", type=Path, default=Path("snapshot.pt"))
+    parser.add_argument("--snapshot-dir", default="snapshots", help="folder of the snapshots")
     parser.add_argument("--data-dir", default=None,
                         help="folder with the MNIST files (default: the built-in set)")
     parser.add_argument("--subset", type=int, default=2048, help="training images to use")
     args = parser.parse_args()
-    main(args.total_epochs, args.save_every, args.batch_size, args.snapshot_path, args.data_dir, args.subset)
+    main(args.total_epochs, args.save_every, args.batch_size, args.snapshot_dir, args.data_dir, args.subset)

@@ -44,9 +44,22 @@ def launch_command(script: str, args: Sequence[str] = (), nproc: int = 2,
 def run_example(script: str, args: Sequence[str] = (), nproc: int = 2, launcher: str = "ringtrain",
                 timeout: float = 300.0, cwd: Path | None = None,
                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``examples/<script>`` on ``nproc`` ranks; stdout and stderr come back as text."""
-    return subprocess.run(launch_command(script, args, nproc, launcher), cwd=cwd or ROOT,
-                          env=example_env(env), capture_output=True, text=True, timeout=timeout)
+    """Run ``examples/<script>`` on ``nproc`` ranks; stdout and stderr come back as text.
+
+    A run that outlives ``timeout`` is killed with every process it started, and the test fails with
+    what it had printed so far.
+    """
+    command = launch_command(script, args, nproc, launcher)
+    proc = subprocess.Popen(command, cwd=cwd or ROOT, env=example_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{' '.join(command)} did not finish within {timeout:.0f}s\n--- stdout ---\n"
+                             f"{stdout}\n--- stderr ---\n{stderr}") from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def unprefixed(text: str) -> str:

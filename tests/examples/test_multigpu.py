@@ -8,7 +8,7 @@ import torch
 
 from tests.examples.launch import example_env, explain, kill_tree, launch_command, run_example, unprefixed
 
-ARGS = ["6", "2", "--subset", "1024", "--snapshot-path", "snap/snapshot.pt"]
+ARGS = ["6", "2", "--subset", "1024", "--snapshot-dir", "snaps"]
 
 
 def _run_until_snapshot(cwd, marker: str) -> str:
@@ -39,9 +39,9 @@ def _losses(text: str) -> list[float]:
 def test_killed_run_resumes_from_its_snapshot(tmp_path) -> None:
     first = _run_until_snapshot(tmp_path, "Epoch 1 | Training snapshot saved")
     assert _epochs(first)[:2] == [0, 1], first
-    snapshot = tmp_path / "snap" / "snapshot.pt"
+    folder = tmp_path / "snaps"
     # Output reaches us a little late: the workers may have saved once more before the kill landed.
-    saved = torch.load(snapshot)["EPOCHS_RUN"]
+    saved = torch.load(sorted(folder.glob("snapshot-*.pt"))[-1])["EPOCHS_RUN"]
     assert saved in (2, 4), first
 
     second = run_example("multigpu.py", ARGS, cwd=tmp_path)
@@ -51,5 +51,6 @@ def test_killed_run_resumes_from_its_snapshot(tmp_path) -> None:
     # No epoch is repeated or skipped, and training goes on from the trained weights, not from scratch.
     assert _epochs(out) == list(range(saved, 6)), explain(second)
     assert _losses(out)[0] < _losses(first)[0], (first, out)
-    assert torch.load(snapshot)["EPOCHS_RUN"] == 6
-    assert sorted(p.name for p in snapshot.parent.iterdir()) == ["snapshot.pt"]
+    # the last two snapshots are kept (epochs 4 and 6), and no temporary file is left behind
+    assert sorted(p.name for p in folder.iterdir()) == ["snapshot-000000004.pt", "snapshot-000000006.pt"]
+    assert torch.load(folder / "snapshot-000000006.pt")["EPOCHS_RUN"] == 6
