@@ -54,6 +54,8 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_run(tmp_path):
     for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
     assert rest[-1].accuracy == history[-1].accuracy
+    # the resumed epoch's training loss counts the batches done before the interruption too
+    assert rest[0].train_loss == pytest.approx(history[0].train_loss, rel=1e-9)
 
 
 def test_finished_run_resumes_to_nothing_and_more_epochs_continue(tmp_path):

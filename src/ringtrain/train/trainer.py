@@ -90,6 +90,8 @@ class Trainer:
         self.batch_in_epoch = 0
         """Micro-batches of the current epoch already trained (non-zero only when resumed mid-epoch)."""
         self.history: list[EpochResult] = []
+        self._epoch_totals = MetricTotals()
+        """This rank's training totals of the current epoch (restored with a mid-epoch snapshot)."""
         self.resumed_from: Path | None = None
 
     # --- sizes ------------------------------------------------------------------------------
@@ -150,8 +152,11 @@ class Trainer:
     def _run_epoch(self, epoch: int) -> EpochResult:
         c = self.config
         start = time.perf_counter()
+        done_before = self._epoch_totals.count  # items trained in this epoch before a resume
         totals = self._train_batches(epoch)
         train = totals.reduce(self.strategy.sum)
+        trained_now = train.count - self.strategy.sum(torch.tensor([done_before], dtype=torch.float64)).item()
+        self._epoch_totals = MetricTotals()
         seconds = time.perf_counter() - start
         last = epoch + 1 == c.epochs
         self.epoch, self.batch_in_epoch = epoch + 1, 0
@@ -163,7 +168,7 @@ class Trainer:
             snapshot = self.save_snapshot()
         result = EpochResult(
             epoch=epoch + 1, seconds=seconds, train_loss=train.loss,
-            samples_per_second=train.count / seconds if seconds > 0 else float("nan"), steps=self.step,
+            samples_per_second=trained_now / seconds if seconds > 0 else float("nan"), steps=self.step,
             eval_loss=evaluation.loss if evaluation else float("nan"),
             accuracy=evaluation.accuracy if evaluation and c.task == "classification" else float("nan"),
             rmse=evaluation.rmse if evaluation and c.task == "regression" else float("nan"),
@@ -178,7 +183,7 @@ class Trainer:
         if c.max_steps_per_epoch:
             total_batches = min(total_batches, c.max_steps_per_epoch * c.batches_per_allreduce)
         k = c.batches_per_allreduce
-        totals = MetricTotals()
+        totals = self._epoch_totals
         self.train_model.train()
         bar = Progress(c.progress and s.rank == 0, total_batches, f"epoch {epoch + 1}/{c.epochs}",
                        initial=self.batch_in_epoch)
@@ -259,6 +264,7 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """What a snapshot holds (collective: every rank must call it)."""
+        t = self._epoch_totals
         states = rng.capture()
         return {
             "model": self.strategy.unwrap(self.train_model).state_dict(),
@@ -268,6 +274,8 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "batch_in_epoch": self.batch_in_epoch,
+            "epoch_totals": self._gather_rows(torch.tensor(
+                [t.loss_sum, t.correct, t.squared_error, t.count], dtype=torch.float64)),
             "world_size": self.strategy.world_size,
             "batch_size": self.train_loader.batch_size,
             "rng": {key: self._gather_rows(value) for key, value in states.items()},
@@ -322,6 +330,8 @@ class Trainer:
                        and int(body.get("batch_size", -1)) == self.train_loader.batch_size)
         if same_layout:
             rng.restore({key: rows[s.rank] for key, rows in body["rng"].items()})
+            if body.get("epoch_totals") is not None and self.batch_in_epoch:
+                self._epoch_totals = MetricTotals(*(float(v) for v in body["epoch_totals"][s.rank]))
         else:
             rng.seed_everything(self.config.seed + s.rank + 7919 * self.step)
             if self.batch_in_epoch:
