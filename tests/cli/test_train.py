@@ -44,6 +44,7 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--save-every", "0"], "--save-every 0"),
     (["--data-dir", "no/such/folder"], "--data-dir no/such/folder"),
     (["-np", "0"], "-np 0"),
+    (["-np", "2", "--subset", "0"], "--subset 0"),
     (["--lr", "-1"], "--lr -1"),
     (["--warmup-epochs", "2"], "scale_lr"),
     (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
@@ -158,3 +159,22 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     assert [e["epoch"] for e in body["epochs"]] == [1, 2]  # epoch 1 finished, then epoch 2: 2 in total
     assert body["epochs"][-1]["steps"] == 64
     assert body["epochs"][-1]["accuracy"] > 0.85
+
+
+def test_the_flags_are_frozen():
+    import argparse
+
+    from ringtrain.cli import train
+
+    parser = argparse.ArgumentParser()
+    train.register(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    flags = {s for a in sub._actions for s in a.option_strings}
+    assert flags == {
+        "-h", "--help", "-np", "--num-proc", "--epochs", "--batch-size", "--lr", "--optimizer", "--momentum",
+        "--weight-decay", "--arch", "--strategy", "--fp16-allreduce", "--batches-per-allreduce", "--amp",
+        "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
+        "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--save-every",
+        "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
+        "--no-progress",
+    }

@@ -60,6 +60,9 @@ class TrainJob:
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise JobError(f"-np {self.nproc} must be at least 1. HINT: use -np 1, or -np 2 for two ranks.")
+        if self.subset is not None and self.subset < 1:
+            raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
+                           "or leave it out for the whole dataset.")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             raise JobError(f"--optimizer {self.optimizer!r} is not known. "
                            f"HINT: use one of {list(OPTIMIZERS)}.")
