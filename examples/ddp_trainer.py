@@ -19,12 +19,15 @@ Run the same line again after a crash: training continues from the newest snapsh
 import argparse
 
 import torch
+from torch import nn
+from torch.utils.data import Dataset
 
 from ringtrain.train import Trainer, TrainerConfig
 from ringtrain.workloads import get_workload
 
 
-def load_train_objs(data_dir: str | None, subset: int | None):
+def load_train_objs(data_dir: str | None, subset: int | None) -> tuple[Dataset, Dataset, nn.Module,
+                                                                     torch.optim.Optimizer, nn.Module]:
     """The job: MNIST (ringtrain ships a real subset, so this works offline), a small CNN, Adam."""
     workload = get_workload("mnist")
     train_set, test_set = workload.datasets(data_dir=data_dir, subset=subset)

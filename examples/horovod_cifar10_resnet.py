@@ -15,6 +15,8 @@ under ``--data-dir``. Run on two local processes:
 and continue from the last checkpoint with ``--resume --epochs 4``.
 """
 
+from __future__ import annotations
+
 import argparse
 import math
 import os
@@ -82,7 +84,8 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return output.argmax(dim=1).eq(target).float().mean()
 
 
-def adjust_learning_rate(args, optimizer, epoch: int, batch_idx: int, batches: int) -> None:
+def adjust_learning_rate(args: argparse.Namespace, optimizer: torch.optim.Optimizer, epoch: int,
+                         batch_idx: int, batches: int) -> None:
     """Gradual warm-up from the single-worker rate to size() times it, then step decay."""
     if epoch < args.warmup_epochs:
         progress = (epoch + (batch_idx + 1) / batches) / args.warmup_epochs
@@ -99,7 +102,9 @@ def adjust_learning_rate(args, optimizer, epoch: int, batch_idx: int, batches: i
         group["lr"] = args.base_lr * hvd.size() * args.batches_per_allreduce * lr_adj
 
 
-def train(args, model, optimizer, loader, sampler, epoch: int, device, writer) -> None:
+def train(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          loader: DataLoader, sampler: DistributedSampler, epoch: int, device: torch.device,
+          writer: SummaryWriter | None) -> None:
     model.train()
     sampler.set_epoch(epoch)  # a different shuffle each epoch, the same one on every worker
     train_loss, train_accuracy = Metric("train_loss"), Metric("train_accuracy")
@@ -128,7 +133,8 @@ def train(args, model, optimizer, loader, sampler, epoch: int, device, writer) -
         writer.add_scalar("train/accuracy", train_accuracy.avg, epoch)
 
 
-def validate(model, loader, epoch: int, device, writer) -> None:
+def validate(model: torch.nn.Module, loader: DataLoader, epoch: int, device: torch.device,
+             writer: SummaryWriter | None) -> None:
     model.eval()
     val_loss, val_accuracy = Metric("val_loss"), Metric("val_accuracy")
     with torch.no_grad():
@@ -144,7 +150,8 @@ def validate(model, loader, epoch: int, device, writer) -> None:
         writer.add_scalar("val/accuracy", val_accuracy.avg, epoch)
 
 
-def save_checkpoint(args, model, optimizer, epoch: int) -> None:
+def save_checkpoint(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    epoch: int) -> None:
     if hvd.rank() != 0:
         return
     path = Path(args.checkpoint_format.format(epoch=epoch + 1))

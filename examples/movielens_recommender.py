@@ -35,10 +35,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate for a single worker")
     parser.add_argument("--fp16-allreduce", action="store_true", help="send gradients as float16")
     parser.add_argument("--seed", type=int, default=42)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.epochs < 1:
+        parser.error(f"--epochs {args.epochs}: train for at least one epoch")
+    return args
 
 
-def squared_error_sum(model, loader) -> tuple[float, int]:
+def squared_error_sum(model: torch.nn.Module, loader: DataLoader) -> tuple[float, int]:
     """(sum of squared errors, number of ratings) over this worker's shard."""
     model.eval()
     total, count = 0.0, 0
