@@ -43,6 +43,8 @@ _EXPORTS: dict[str, str] = {
     "SyncBatchNorm": "ringtrain.sync_batch_norm",
     "HorovodInternalError": "ringtrain.exceptions",
     "elastic": "ringtrain.elastic",
+    # beyond Horovod: the Trainer of ringtrain.train
+    **dict.fromkeys(("Trainer", "TrainerConfig"), "ringtrain.train"),
 }
 
 
@@ -52,13 +54,9 @@ def run(*args: Any, **kwargs: Any) -> Any:
     Same arguments as ``horovod.run(func, args=(), kwargs=None, num_proc=..., hosts=..., ...)``; the
     launcher lives in :mod:`ringtrain.launch.api`.
     """
-    try:
-        api = importlib.import_module("ringtrain.launch.api")
-    except ImportError as exc:
-        raise NotImplementedError("ringtrain.run is not available in this build (ringtrain.launch.api is "
-                                  "missing). HINT: start the script with `ringtrain run -np N python "
-                                  "script.py` instead.") from exc
-    return api.run(*args, **kwargs)
+    from ringtrain.launch.api import run as launch_run
+
+    return launch_run(*args, **kwargs)
 
 
 __all__ = sorted([*_EXPORTS, "run"])
