@@ -59,6 +59,9 @@ def run(*args: Any, **kwargs: Any) -> Any:
     return launch_run(*args, **kwargs)
 
 
+#: Names beyond Horovod's ``horovod.torch`` surface (the shim leaves them out).
+NOT_HOROVOD: frozenset[str] = frozenset({"run", "Trainer", "TrainerConfig"})
+
 __all__ = sorted([*_EXPORTS, "run"])
 
 

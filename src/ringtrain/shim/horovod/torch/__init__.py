@@ -7,7 +7,7 @@ from horovod.torch import elastic, mpi_ops  # noqa: F401 - submodules scripts re
 
 import ringtrain as _ringtrain
 
-__all__ = sorted(name for name in _ringtrain.__all__ if name != "run")
+__all__ = sorted(name for name in _ringtrain.__all__ if name not in _ringtrain.NOT_HOROVOD)
 
 for _name in __all__:
     if _name != "elastic":
