@@ -28,7 +28,8 @@ def test_reports_throughput() -> None:
     total = re.search(r"^Total img/sec on 2 CPU\(s\): ([\d.]+) \+-([\d.]+)$", out, flags=re.M)
     assert per_device, explain(result)
     assert total, explain(result)
-    assert float(per_device[1]) == pytest.approx(sum(rounds) / 3, abs=0.1)
+    # both printed to one decimal: they may differ by two roundings
+    assert float(per_device[1]) == pytest.approx(sum(rounds) / 3, abs=0.15)
     assert float(total[1]) == pytest.approx(2 * float(per_device[1]), abs=0.2)
 
 
