@@ -25,8 +25,8 @@ def _reset() -> None:
     mpi_ops.init()
 
 
-def run(func: Callable[..., R]) -> Callable[..., R]:
-    """Decorate ``func(state, *args, **kwargs)`` so it resumes from ``state`` after a reset."""
+def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R]:
+    """Wrap ``func(state, *args, **kwargs)`` in the retry loop, calling ``reset()`` to re-initialize."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
@@ -41,11 +41,16 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
-            _reset()
+            reset()
             state.on_reset()
 
     return wrapper
 
 
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorate ``func(state, *args, **kwargs)`` so it resumes from ``state`` after a reset."""
+    return run_fn(func, _reset)
+
+
 __all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "get_handler_registry", "run",
-           "set_handler_registry"]
+           "run_fn", "set_handler_registry"]
