@@ -3,7 +3,8 @@
 ``RankPool(n)`` starts ``n`` spawned processes with the torchrun variables set (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one thread each. ``pool.run(fn, *args)``
 calls the module-level function ``fn(*args)`` on every rank at once and returns the results in rank
-order; if any rank raises, :class:`RankFailure` carries every rank's traceback. A rank that does not
+order; if any rank raises, :class:`RankFailure` carries every rank's traceback. Each call gets a
+fresh MASTER_PORT, as a new job would. A rank that does not
 answer within ``timeout`` seconds breaks the pool: it is killed and the next ``run`` starts it afresh,
 so one hanging test cannot hang the suite.
 
@@ -61,7 +62,10 @@ def _worker(rank: int, env: dict[str, str], conn: Any) -> None:
             return
         if message is None:
             return
-        fn, args, kwargs = message
+        fn, args, kwargs, port = message
+        # A fresh rendezvous port per call: a store left bound by an earlier test (ringtrain's engine
+        # keeps its base store alive across re-inits) must not collide with this test's rendezvous.
+        os.environ["MASTER_PORT"] = str(port)
         try:
             result = fn(*args, **kwargs)
             conn.send(("ok", result))
@@ -96,8 +100,9 @@ class RankPool:
         if not self._procs or not all(p.is_alive() for p in self._procs):
             self.close()
             self.start()
+        port = free_port()
         for conn in self._conns:
-            conn.send((fn, args, kwargs))
+            conn.send((fn, args, kwargs, port))
         deadline = time.monotonic() + timeout
         replies: list[Any] = [None] * self.world_size
         pending = set(range(self.world_size))

@@ -47,8 +47,10 @@ _CACHEABLE = {OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.REDUC
 #: per request; RINGTRAIN_EAGER_ELEMENTS bounds the total (0 turns the shortcut off).
 _EAGER_MAX_ELEMENTS = 512
 _EAGER_DTYPES = {"float16", "bfloat16", "float32", "float64", "int32", "int16", "int8", "uint8"}
-#: Longest sleep between rounds while something is pending but nothing moves.
-_MAX_BACKOFF_S = 0.02
+#: Longest sleep between rounds while something is pending but nothing moves. A rank with nothing of
+#: its own pending is woken at once by its next submission, so a long cap costs no latency there and
+#: keeps a rank that computes while others wait for it from spending its core on empty rounds.
+_MAX_BACKOFF_S = 0.05
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
 _IDLE_PERIOD_S = 1.0
 
