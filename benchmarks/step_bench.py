@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -176,6 +177,9 @@ def worker(rank: int, world: int, port: int, ddp_port: int, cfg: dict[str, Any],
     measure(ddp, 0, windows - first, steps, world)
     results += [{"model": v.model_name, "variant": v.label, "windows": v.windows} for v in ddp + ours]
     dist.barrier()
+    # DDP wrappers must not outlive their gloo group (its destructor can deadlock on the GIL)
+    del ddp, ours
+    gc.collect()
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(results))

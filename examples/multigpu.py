@@ -18,6 +18,7 @@ Run two processes for 10 epochs, a snapshot every 2; kill it and run the same li
 """
 
 import argparse
+import gc
 import os
 
 import torch
@@ -130,6 +131,10 @@ def main(total_epochs: int, save_every: int, batch_size: int, snapshot_dir: str,
                             sampler=DistributedSampler(dataset))
     trainer = Trainer(model, train_data, optimizer, save_every, snapshot_dir, rank, device)
     trainer.train(total_epochs)
+    # Free the DDP wrapper before its process group: one that outlives a gloo group can deadlock in
+    # the group's destructor.
+    del trainer
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -79,27 +80,34 @@ def _ddp_steps(steps: int) -> tuple[float, float, torch.Tensor, int]:
     """On each rank: DDP on this rank's shard of the embedded MNIST subset; first/last loss, params."""
     dist.init_process_group("gloo")
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        wl = get_workload("mnist")
-        train, _ = wl.datasets(subset=1024, seed=7)  # the same seeded choice on every rank
-        shard = train.select(torch.arange(rank, len(train), world))
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(wl.model())
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        loss_fn = wl.loss()
-        losses = []
-        for step in range(steps):
-            idx = torch.arange(step * 32, step * 32 + 32) % len(shard)
-            loss = loss_fn(model(shard.features[idx]), shard.targets[idx])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        params = torch.cat([p.detach().flatten() for p in model.parameters()])
-        first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
-        return first, last, params, int(os.environ["RANK"])
+        return _train_ddp(steps)
     finally:
+        # _train_ddp's DDP wrapper is freed by now: one that outlives its gloo group can deadlock in
+        # the group's destructor.
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _train_ddp(steps: int) -> tuple[float, float, torch.Tensor, int]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wl = get_workload("mnist")
+    train, _ = wl.datasets(subset=1024, seed=7)  # the same seeded choice on every rank
+    shard = train.select(torch.arange(rank, len(train), world))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(wl.model())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = wl.loss()
+    losses = []
+    for step in range(steps):
+        idx = torch.arange(step * 32, step * 32 + 32) % len(shard)
+        loss = loss_fn(model(shard.features[idx]), shard.targets[idx])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    return first, last, params, int(os.environ["RANK"])
 
 
 def test_two_ranks_train_the_same_model(ranks2: RankPool) -> None:
