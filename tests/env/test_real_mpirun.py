@@ -12,8 +12,19 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-_PROBE = ("import json; from ringtrain.env import detect_environment as d; e = d(); "
-          "print(json.dumps({'placement': e.placement().__dict__, 'warnings': e.validate()}))")
+_PROBE = ("import json, sys; from ringtrain.env import detect_environment as d; e = d(); "
+          "report = {'placement': e.placement().__dict__, 'warnings': e.validate()}; "
+          "sys.stdout.write(json.dumps(report) + '\\n')")
+
+
+def _reports(stdout: str) -> list[dict]:
+    """Every JSON report in ``stdout``, also where two ranks' lines ran together."""
+    decoder, found, start = json.JSONDecoder(), [], stdout.find("{")
+    while start != -1:
+        report, end = decoder.raw_decode(stdout, start)
+        found.append(report)
+        start = stdout.find("{", end)
+    return found
 
 
 def test_mpirun_ranks_detect_open_mpi() -> None:
@@ -30,8 +41,7 @@ def test_mpirun_ranks_detect_open_mpi() -> None:
     result = subprocess.run([*argv, sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
                             timeout=180)
     assert result.returncode == 0, result.stderr
-    reports = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
-                     key=lambda r: r["placement"]["rank"])
+    reports = sorted(_reports(result.stdout), key=lambda r: r["placement"]["rank"])
     assert [r["placement"]["rank"] for r in reports] == [0, 1]
     for rank, report in enumerate(reports):
         p = report["placement"]

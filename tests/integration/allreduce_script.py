@@ -20,8 +20,11 @@ def main() -> int:
     hvd = checks.load_api()
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank())]), name="script.sum", op=hvd.Sum)
-    print(f"rank {hvd.rank()} of {hvd.size()} local {hvd.local_rank()} env {placement.environment} "
-          f"sum {int(total.item())}", flush=True)
+    # One write per line: print() writes the text and the newline separately, and the launcher's
+    # forwarding can interleave another rank's line in between.
+    line = f"rank {hvd.rank()} of {hvd.size()} local {hvd.local_rank()} env {placement.environment}"
+    sys.stdout.write(f"{line} sum {int(total.item())}\n")
+    sys.stdout.flush()
     size = hvd.size()
     hvd.shutdown()
     return 0 if int(total.item()) == size * (size - 1) // 2 else 1

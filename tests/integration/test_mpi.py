@@ -7,6 +7,7 @@ whichever the alternatives system picked.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from tests.ranks import free_port
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).with_name("allreduce_script.py")
+#: A rank's report; matched anywhere, since ranks' output lines may run together on a shared stdout.
+_RANK_LINE = re.compile(r"rank \d+ of \d+ local \d+ env [\w-]+ sum -?\d+")
 
 
 def _mpirun(np: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -40,7 +43,7 @@ def _mpirun(np: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
 def test_mpirun_allreduce_script_gets_ranks_from_open_mpi() -> None:
     result = _mpirun(3, [sys.executable, str(SCRIPT)])
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(_RANK_LINE.findall(result.stdout))
     assert lines == [f"rank {r} of 3 local {r} env openmpi sum 3" for r in range(3)], result.stdout
 
 
@@ -60,5 +63,5 @@ def test_mpich_hydra_allreduce_script_gets_ranks_from_pmi() -> None:
     result = subprocess.run(["mpiexec.hydra", "-n", "2", sys.executable, str(SCRIPT)], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(_RANK_LINE.findall(result.stdout))
     assert lines == [f"rank {r} of 2 local {r} env mpich sum 1" for r in range(2)], result.stdout
