@@ -149,35 +149,29 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    """An ``nn.Module``: deep-copied ``state_dict``; synced with ``broadcast_parameters``."""
+class _StateDictHandler(StateHandler):
+    """Anything with ``state_dict`` / ``load_state_dict``: saved as a deep copy, restored by loading it."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self._saved = copy.deepcopy(model.state_dict())
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self._saved = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
+
+
+class ModelStateHandler(_StateDictHandler):
+    """An ``nn.Module``: deep-copied ``state_dict``; synced with ``broadcast_parameters``."""
 
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerStateHandler(StateHandler):
+class OptimizerStateHandler(_StateDictHandler):
     """A torch optimizer: deep-copied ``state_dict``; synced with ``broadcast_optimizer_state``."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(optimizer)
-        self._saved = copy.deepcopy(optimizer.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
