@@ -74,8 +74,8 @@ def test_lifecycle_and_topology(ranks2):
         assert isinstance(res["nccl"], int)
 
 
-def _allreduce_checks() -> None:
-    ensure_init()
+def _allreduce_checks(keep_settings: bool = False) -> None:
+    ensure_init(keep_settings)
     rank, size = hvd.rank(), hvd.size()
     for dtype in REDUCE_DTYPES:
         t = (torch.arange(6).reshape(2, 3) + rank).to(dtype)
@@ -144,6 +144,15 @@ def _allreduce_checks() -> None:
 
 def test_allreduce(ranks2):
     ranks2.run(_allreduce_checks)
+
+
+def test_allreduce_without_the_socket_mesh(ranks2):
+    """Every dtype and op again with rounds and data on gloo (the path large tensors take)."""
+    ranks2.run(fresh, {"RINGTRAIN_CONTROL_PLANE": "gloo"})
+    try:
+        ranks2.run(_allreduce_checks, True)
+    finally:
+        ranks2.run(fresh)
 
 
 def _allgather_checks() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ringtrain.engine import control_plane
 from ringtrain.engine import negotiation as neg
 from ringtrain.engine.cache import ResponseCache
 from ringtrain.engine.executor import SetGroups, run_allreduce, run_single, scale_
@@ -51,6 +52,8 @@ _EAGER_DTYPES = {"float16", "bfloat16", "float32", "float64", "int32", "int16", 
 #: its own pending is woken at once by its next submission, so a long cap costs no latency there and
 #: keeps a rank that computes while others wait for it from spending its core on empty rounds.
 _MAX_BACKOFF_S = 0.05
+#: Rounds whose gathered vectors (all ranks together) fit in this many bytes use an allgather.
+_GATHER_ROUND_BYTES = 256 * 1024
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
 _IDLE_PERIOD_S = 1.0
 
@@ -85,12 +88,9 @@ class Engine:
         self.timeline = Timeline()
         # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead
         # peer is detected by the broken connection, not by this timeout.
-        self.ctrl = make_gloo_group(
-            world,
-            "control",
-            list(range(self.size)),
-            timeout_s=env_seconds("RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0),
-        )
+        round_timeout = env_seconds("RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0)
+        self.ctrl = make_gloo_group(world, "control", list(range(self.size)), timeout_s=round_timeout)
+        self.plane = self._connect_plane(round_timeout)
         self.sets: dict[int, SetGroups] = {}
         self._next_set_id = 0
         self.add_set(list(range(self.size)))
@@ -147,11 +147,34 @@ class Engine:
             ranks=list(ranks),
             gloo=gloo,
             make_nccl=lambda: make_nccl_group(world, tag, list(ranks)),
+            # Small CPU allreduces of the global set may travel over the control plane's sockets.
+            plane=self.plane if set_id == 0 else None,
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)
         self.sets[set_id] = groups
         return set_id
+
+    def _connect_plane(self, round_timeout: float) -> control_plane.ControlPlane | None:
+        """The socket mesh for rounds, or None where rounds go through gloo (rank 0 decides)."""
+        if self.size == 1:
+            return None
+        store = self.world.store
+        if self.rank == 0:
+            mode = control_plane.mode_from_env()
+            if self.size > control_plane.DEFAULT_MAX_RANKS:
+                mode = "gloo"
+            store.set("ctrl/mode", mode)
+        if store.get("ctrl/mode").decode() != "tcp":
+            return None
+        return control_plane.ControlPlane.connect(
+            store,
+            self.rank,
+            self.size,
+            self.world.main_address,
+            timeout_s=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0),
+            round_timeout_s=round_timeout,
+        )
 
     def _check_homogeneous(self) -> bool:
         mine = torch.tensor([self.world.local_size], dtype=torch.int64)
@@ -227,6 +250,8 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.stopped = True
+        if self.plane is not None:
+            self.plane.close()
         self.handles.fail_all(self.broken or SHUT_DOWN_MESSAGE, HorovodInternalError)
         self.timeline.stop()
 
@@ -264,6 +289,9 @@ class Engine:
             self._last_state = state
         if state is None:
             self.stopped = True
+            if self.plane is not None:
+                # Peers still waiting on this rank see end-of-file and stop too.
+                self.plane.close()
             self.handles.fail_all(self.broken or self._stop_reason, HorovodInternalError)
             with self._cv:
                 self._active.clear()
@@ -362,7 +390,7 @@ class Engine:
         for request in self._pending.values():
             if request.slot is not None and request.slot in layout:
                 self._write_eager(request, vector, eager_base + layout[request.slot][0])
-        self.ctrl.allreduce([vector]).wait()
+        vector = self._exchange(vector)
         header = vector[:width].view(self.size, neg.HEADER_WIDTH).to(torch.int64).tolist()
         lengths = [row[0] for row in header]
         all_flags = [row[1] for row in header]
@@ -478,6 +506,32 @@ class Engine:
         everyone = all(f & neg.FLAG_PENDING for f in all_flags)
         return progress, mine, others, everyone
 
+    def _exchange(self, vector: torch.Tensor) -> torch.Tensor:
+        """Sum every rank's round vector; the result is bit-identical on all ranks.
+
+        A small vector is allgathered and summed here in rank order: over the socket mesh when there
+        is one, else with one gloo ring pass instead of the allreduce's two (reduce-scatter, then
+        allgather). Its length is a function of replicated state, so all ranks pick the same path.
+        """
+        if self.size == 1:
+            return vector
+        nbytes = vector.numel() * vector.element_size()
+        if self.plane is not None and nbytes <= self.plane.max_message:
+            rows = self.plane.allgather(vector.numpy().tobytes())
+            total = torch.frombuffer(rows[0], dtype=vector.dtype)
+            for rank in range(1, self.size):
+                total = total + torch.frombuffer(rows[rank], dtype=vector.dtype)
+            return total
+        if self.size * vector.numel() * vector.element_size() > _GATHER_ROUND_BYTES:
+            self.ctrl.allreduce([vector]).wait()
+            return vector
+        rows = torch.empty(self.size, vector.numel(), dtype=vector.dtype)
+        self.ctrl._allgather_base(rows.view(-1), vector).wait()
+        total = rows[0]
+        for rank in range(1, self.size):
+            total = total + rows[rank]
+        return total
+
     def _eager_layout(self) -> tuple[dict[int, tuple[int, int]], int]:
         """Offsets of small cached Sum/Average CPU allreduces in the round vector (same on all ranks)."""
         if self._eager_version == self.cache.version:
@@ -549,6 +603,8 @@ class Engine:
 
     def _gather(self, payload: bytes, lengths: list[int]) -> list[bytes]:
         width = max(lengths)
+        if self.plane is not None and width <= self.plane.max_message:
+            return [bytes(data) for data in self.plane.allgather(payload)]
         send = torch.zeros(width, dtype=torch.uint8)
         if payload:
             send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)

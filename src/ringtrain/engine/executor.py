@@ -21,6 +21,10 @@ from ringtrain.engine.requests import AVERAGE, MAX, MIN, PRODUCT, OpType, Reques
 _REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
 _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _HALF = {torch.float16, torch.bfloat16}
+_COMBINE = {MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
+#: Gathered bytes (all ranks together) up to which a CPU allreduce of the global set uses the
+#: control plane's socket mesh instead of gloo.
+MESH_ALLREDUCE_BYTES = 1024 * 1024
 #: Dtypes gloo cannot reduce, and the wider type used on the wire instead.
 _WIRE_DTYPE = {torch.int16: torch.int32}
 
@@ -35,6 +39,8 @@ class SetGroups:
     make_nccl: Callable[[], Any]
     nccl: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The control plane (global set only), for small CPU allreduces; see :func:`mesh_fits`.
+    plane: Any = None
 
     def group(self, device: int) -> Any:
         if device < 0:
@@ -112,9 +118,12 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     scale_(buffer, ref.prescale)
     wire = buffer.to(_WIRE_DTYPE[dtype]) if dtype in _WIRE_DTYPE else buffer
     if wire.numel() > 0:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
-        _wait(groups.group(ref.device).allreduce([wire], opts), ref.device)
+        if ref.device < 0 and mesh_fits(groups, wire):
+            mesh_allreduce(groups.plane, wire, ref.reduce_op)
+        else:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
+            _wait(groups.group(ref.device).allreduce([wire], opts), ref.device)
     if wire is not buffer:
         buffer.copy_(wire)
     post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
@@ -131,6 +140,37 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
                     out = request.outputs[i] = torch.empty_like(request.inputs[i])
                 out.reshape(-1).copy_(buffer[offset : offset + n])
             offset += n
+
+
+def mesh_fits(groups: SetGroups, wire: torch.Tensor) -> bool:
+    """Whether a CPU allreduce of ``wire`` goes over the control plane's sockets.
+
+    Every rank sends its whole tensor to every other rank and reduces locally, so the bytes moved grow
+    with the world size: worth it while latency dominates (small tensors, small worlds), where it
+    skips gloo's I/O-thread hand-offs. The test depends only on agreed values, so all ranks choose
+    the same way.
+    """
+    plane = groups.plane
+    if plane is None:
+        return False
+    nbytes = wire.numel() * wire.element_size()
+    return nbytes <= plane.max_message and nbytes * plane.size <= MESH_ALLREDUCE_BYTES
+
+
+def mesh_allreduce(plane: Any, wire: torch.Tensor, reduce_op: int) -> None:
+    """Allreduce ``wire`` in place over the socket mesh, reducing in rank order on every rank.
+
+    The same inputs in the same order give bit-identical results everywhere, as a ring would.
+    """
+    flat = wire.reshape(-1)
+    rows = plane.allgather(memoryview(flat.view(torch.uint8).numpy()))
+    dtype = wire.dtype
+    parts = [torch.frombuffer(row, dtype=dtype) if r != plane.rank else flat for r, row in enumerate(rows)]
+    combine = _COMBINE.get(reduce_op, torch.add)
+    total = combine(parts[0], parts[1])
+    for part in parts[2:]:
+        total = combine(total, part)
+    flat.copy_(total)
 
 
 def run_allgather(response: Response, request: Request, groups: SetGroups) -> None:

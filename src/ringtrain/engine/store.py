@@ -36,6 +36,8 @@ class World:
     hostname: str
     store: dist.Store
     reused_torch_world: bool
+    #: Where the job's store lives: the control plane advertises the address that routes there.
+    main_address: str = ""
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -81,6 +83,7 @@ def rendezvous() -> World:
         hostname=placement.hostname,
         store=store,
         reused_torch_world=reused,
+        main_address=placement.main_address,
     )
 
 

@@ -1,0 +1,279 @@
+"""The control plane: a mesh of plain TCP sockets that carries the engine's negotiation rounds.
+
+Every round is an all-to-all exchange of a few hundred bytes, and small CPU allreduces of the global
+set travel here too (see ``executor.mesh_fits``). Through gloo such an exchange costs
+250-500 us on a small VM, because each message passes through gloo's I/O thread and a condition
+variable before the waiting thread sees it. Over a direct socket the waiting thread is woken by the
+kernel itself: 10-50 us. Rounds sit on the critical path of every synchronous call and of every
+gradient bucket, so this is where latency is won.
+
+Only small messages travel here (the engine sends larger ones through gloo), and each peer has at most
+two messages in flight toward us (it cannot finish an exchange before reading ours), so sending
+everything before receiving cannot deadlock as long as the kernel's socket buffers hold two messages.
+The ranks agree on a message limit that guarantees this from the buffer sizes each one got.
+
+A peer that dies closes its sockets, which every other rank sees as end-of-file in the same
+round, so a failure surfaces as :class:`ControlPlaneError` at once instead of at a timeout.
+
+Setup goes through the job's store: rank 0 publishes a random token, each rank publishes where it
+listens, connects to every lower rank and accepts every higher one. A connection is accepted only
+with the job's token and a rank that is still missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import struct
+import time
+from typing import Any
+
+#: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
+#: buffers are small (see ``max_message``); larger exchanges go through gloo.
+MAX_MESSAGE_BYTES = 256 * 1024
+#: Largest world for which a full mesh is built (each rank holds size - 1 sockets).
+DEFAULT_MAX_RANKS = 128
+
+_MAGIC = b"RTCTRL01"
+_HELLO = struct.Struct("<8s32sI")
+_LENGTH = struct.Struct("<Q")
+_SOCKET_BUFFER = 4 * 1024 * 1024
+_LIMIT = struct.Struct("<Q")
+_SIOCGIFADDR = 0x8915
+
+
+class ControlPlaneError(ConnectionError):
+    """A peer closed its control connection, sent garbage, or did not answer in time."""
+
+
+def mode_from_env() -> str:
+    """``tcp`` (default) or ``gloo``, from RINGTRAIN_CONTROL_PLANE; rank 0's value decides for all."""
+    value = os.environ.get("RINGTRAIN_CONTROL_PLANE", "tcp").strip().lower() or "tcp"
+    if value not in ("tcp", "gloo"):
+        raise ValueError(
+            f"RINGTRAIN_CONTROL_PLANE={value!r} is not a control plane. "
+            "HINT: use 'tcp' (direct sockets, the default) or 'gloo'."
+        )
+    return value
+
+
+def node_identity() -> str:
+    """Same value for processes that can reach each other over loopback (same boot, same netns)."""
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts.append(boot.read().strip())
+    except OSError:
+        parts.append(socket.gethostname())
+    try:
+        parts.append(os.readlink("/proc/self/ns/net"))
+    except OSError:
+        parts.append("")
+    return "/".join(parts)
+
+
+def _interface_address(name: str) -> str | None:
+    """IPv4 address of network interface ``name`` (Linux), or None."""
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except (OSError, ImportError):
+        return None
+
+
+def _route_address(target: str) -> str | None:
+    """The local IPv4 address the kernel would use to reach ``target`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+def candidate_addresses(main_address: str) -> list[str]:
+    """Where peers on other nodes may reach this process, most likely first."""
+    found: list[str | None] = []
+    for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(","):
+        if name.strip():
+            found.append(_interface_address(name.strip()))
+    if main_address:
+        found.append(_route_address(main_address))
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
+            found.append(str(info[4][0]))
+    out: list[str] = []
+    for address in found:
+        if address and address not in out:
+            out.append(address)
+    return out
+
+
+class ControlPlane:
+    """Sockets to every other rank; :meth:`allgather` is the only operation."""
+
+    def __init__(self, rank: int, size: int, peers: dict[int, socket.socket]) -> None:
+        self.rank, self.size = rank, size
+        self._peers = peers
+        self._order = sorted(peers)
+        self.closed = False
+        #: Largest message every rank can buffer twice over (the same value on all ranks).
+        self.max_message = MAX_MESSAGE_BYTES
+
+    @classmethod
+    def connect(
+        cls, store: Any, rank: int, size: int, main_address: str, timeout_s: float, round_timeout_s: float
+    ) -> ControlPlane:
+        """Build the mesh through ``store`` (every rank of the world calls this)."""
+        if rank == 0:
+            store.set("ctrl/token", secrets.token_hex(16))
+        token = store.get("ctrl/token").decode()
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(max(size, 16))
+        port = listener.getsockname()[1]
+        me = {"node": node_identity(), "port": port, "hosts": candidate_addresses(main_address)}
+        store.set(f"ctrl/addr/{rank}", json.dumps(me))
+        peers: dict[int, socket.socket] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            for peer in range(rank):
+                info = json.loads(store.get(f"ctrl/addr/{peer}").decode())
+                sock = _dial(info, me["node"], peer, deadline)
+                sock.sendall(_HELLO.pack(_MAGIC, token.encode(), rank))
+                peers[peer] = sock
+            while len(peers) < size - 1:
+                listener.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(size)) - set(peers) - {rank})
+                    raise ControlPlaneError(
+                        f"rank {rank}: ranks {missing} did not connect to the control plane within "
+                        f"{timeout_s:g} s. HINT: check that the hosts reach each other on TCP, set "
+                        "GLOO_SOCKET_IFNAME to the interface they share, or set "
+                        "RINGTRAIN_CONTROL_PLANE=gloo."
+                    ) from None
+                sender = _read_hello(sock, token, rank, size, set(peers))
+                if sender is None:
+                    sock.close()
+                    continue
+                peers[sender] = sock
+        except BaseException:
+            for sock in peers.values():
+                sock.close()
+            raise
+        finally:
+            listener.close()
+        limit = MAX_MESSAGE_BYTES
+        for sock in peers.values():
+            limit = min(limit, _tune(sock, round_timeout_s))
+        plane = cls(rank, size, peers)
+        plane.max_message = min(_LIMIT.unpack(bytes(data))[0] for data in plane.allgather(_LIMIT.pack(limit)))
+        return plane
+
+    def allgather(self, data: bytes | memoryview) -> list[bytes | bytearray | memoryview]:
+        """Every rank's ``data`` (at most ``max_message`` bytes each), in rank order."""
+        if self.closed:
+            raise ControlPlaneError("the control plane is closed")
+        header = _LENGTH.pack(len(data))
+        out: list[bytes | bytearray | memoryview] = [b""] * self.size
+        out[self.rank] = data
+        peer = -1
+        try:
+            for peer in self._order:
+                self._peers[peer].sendmsg([header, data])
+            for peer in self._order:
+                out[peer] = self._receive(peer)
+        except OSError as exc:
+            self.close()
+            if isinstance(exc, ControlPlaneError):
+                raise
+            raise ControlPlaneError(f"control connection to rank {peer} failed: {exc}") from exc
+        return out
+
+    def _receive(self, peer: int) -> bytearray:
+        sock = self._peers[peer]
+        (length,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size, peer))
+        if length > self.max_message:
+            raise ControlPlaneError(f"rank {peer} sent a {length}-byte control message (protocol error)")
+        return _recv_exact(sock, length, peer)
+
+    def close(self) -> None:
+        """Close every connection (peers blocked on us see end-of-file)."""
+        self.closed = True
+        for sock in self._peers.values():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def _recv_exact(sock: socket.socket, count: int, peer: int) -> bytearray:
+    buffer = bytearray(count)
+    view = memoryview(buffer)
+    got = 0
+    while got < count:
+        try:
+            n = sock.recv_into(view[got:], count - got)
+        except TimeoutError:
+            raise ControlPlaneError(
+                f"rank {peer} sent nothing within the round timeout (RINGTRAIN_ROUND_TIMEOUT_SECONDS)"
+            ) from None
+        if n == 0:
+            raise ControlPlaneError(f"rank {peer} closed its control connection (it exited or failed)")
+        got += n
+    return buffer
+
+
+def _tune(sock: socket.socket, timeout_s: float) -> int:
+    """Set up a connection; returns the largest message it can hold twice (with room to spare)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+    sock.settimeout(timeout_s)
+    # The kernel caps the sizes (net.core.wmem_max / rmem_max) and counts its own overhead in them:
+    # a quarter of what both ends hold is a safe bound for two messages in flight.
+    held = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    held += sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return max(4096, held // 4)
+
+
+def _dial(info: dict[str, Any], my_node: str, peer: int, deadline: float) -> socket.socket:
+    hosts = list(info["hosts"])
+    if info["node"] == my_node:
+        hosts.insert(0, "127.0.0.1")
+    errors = []
+    while True:
+        for host in hosts:
+            try:
+                return socket.create_connection((host, info["port"]), timeout=5.0)
+            except OSError as exc:
+                errors.append(f"{host}:{info['port']}: {exc}")
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(
+                f"cannot reach rank {peer}'s control socket ({'; '.join(errors[-len(hosts):])}). "
+                "HINT: set GLOO_SOCKET_IFNAME to the interface the hosts share, or set "
+                "RINGTRAIN_CONTROL_PLANE=gloo."
+            )
+        time.sleep(0.2)
+
+
+def _read_hello(sock: socket.socket, token: str, rank: int, size: int, have: set[int]) -> int | None:
+    """The sender's rank, or None for a connection that is not one of ours."""
+    sock.settimeout(10.0)
+    try:
+        magic, their_token, sender = _HELLO.unpack(_recv_exact(sock, _HELLO.size, -1))
+    except (OSError, struct.error):
+        return None
+    if magic != _MAGIC or their_token != token.encode():
+        return None
+    if not rank < sender < size or sender in have:
+        return None
+    return int(sender)
