@@ -391,10 +391,11 @@ class Engine:
             if request.slot is not None and request.slot in layout:
                 self._write_eager(request, vector, eager_base + layout[request.slot][0])
         vector = self._exchange(vector)
-        header = vector[:width].view(self.size, neg.HEADER_WIDTH).to(torch.int64).tolist()
-        lengths = [row[0] for row in header]
-        all_flags = [row[1] for row in header]
-        counts = vector[width:eager_base].to(torch.int64).tolist()
+        # One conversion to Python for the header and the slot counts (all small exact integers).
+        control = [int(value) for value in vector[:eager_base].tolist()]
+        lengths = control[0 : width : neg.HEADER_WIDTH]
+        all_flags = control[1 : width : neg.HEADER_WIDTH]
+        counts = control[width:]
         progress = False
 
         evicted: set[int] = set()
@@ -517,10 +518,14 @@ class Engine:
             return vector
         nbytes = vector.numel() * vector.element_size()
         if self.plane is not None and nbytes <= self.plane.max_message:
-            rows = self.plane.allgather(vector.numpy().tobytes())
-            total = torch.frombuffer(rows[0], dtype=vector.dtype)
-            for rank in range(1, self.size):
-                total = total + torch.frombuffer(rows[rank], dtype=vector.dtype)
+            rows = self.plane.allgather(memoryview(vector.numpy()).cast("B"))
+            parts = [
+                vector if r == self.rank else torch.frombuffer(row, dtype=vector.dtype)
+                for r, row in enumerate(rows)
+            ]
+            total = parts[0] + parts[1]
+            for part in parts[2:]:
+                total += part
             return total
         if self.size * vector.numel() * vector.element_size() > _GATHER_ROUND_BYTES:
             self.ctrl.allreduce([vector]).wait()
