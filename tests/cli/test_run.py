@@ -228,8 +228,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("hosts", [None, "localhost:1,127.0.0.1:1"])
-def test_sigterm_to_the_launcher_leaves_no_process(hosts, tmp_path):
+@pytest.mark.parametrize(("hosts", "sig"), [
+    (None, signal.SIGTERM), ("localhost:1,127.0.0.1:1", signal.SIGTERM), (None, signal.SIGKILL)])
+def test_stopping_the_launcher_leaves_no_process(hosts, sig, tmp_path):
+    """SIGTERM: the agent stops its ranks. SIGKILL: the ranks see their agent die and stop too."""
     argv = ["-np", "2"] if hosts is None else ["-H", hosts]
     proc = subprocess.Popen([sys.executable, "-m", "ringtrain", "run", *argv, sys.executable, REPORT_ENV,
                              str(tmp_path), "sleep"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -238,7 +240,7 @@ def test_sigterm_to_the_launcher_leaves_no_process(hosts, tmp_path):
         time.sleep(0.2)
     pids = [env["pid"] for env in read_ranks(tmp_path).values()]
     assert len(pids) == 2, proc.stderr.read().decode() if proc.poll() is not None else "ranks did not start"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     assert proc.wait(timeout=90) != 0
     deadline = time.monotonic() + 30
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import runpy
+import signal
 import socket
 import sys
 import time
@@ -114,12 +115,40 @@ def run_python(argv: Sequence[str]) -> int:
     return 0
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Ask the kernel for SIGTERM when the agent that started us dies (Linux; False elsewhere).
+
+    The agent stops its workers itself on SIGTERM/SIGINT, but SIGKILL (an out-of-memory kill, a
+    scheduler's hard stop, ``kill -9`` of the launcher) gives it no chance: without this, its ranks
+    would keep running, holding GPUs and ports. The request survives ``exec``, so it also covers
+    non-Python commands.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:
+        # The agent died before the request took effect.
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Set the Horovod variables, then run or exec the command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("ringtrain.launch.worker_entry: no command given", file=sys.stderr)
         return 2
+    die_with_parent()
     os.environ.update(horovod_variables(os.environ))
     program, rest = argv[0], argv[1:]
     if is_python(program) and rest and (rest[0] in ("-m", "-c") or not rest[0].startswith("-")):
