@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from paired import bootstrap_ci, pair_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -66,9 +67,9 @@ def iterations_for(nbytes: int, quick: bool) -> int:
     elif nbytes <= 1024 * 1024:
         calls = 40
     elif nbytes <= 8 * 1024 * 1024:
-        calls = 8
+        calls = 10
     else:
-        calls = 2
+        calls = 3
     return max(1, calls // 4) if quick else calls
 
 
@@ -156,6 +157,9 @@ def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> d
     for row in results[0]["rows"]:
         raw = statistics.median(row["raw_s"])
         ours = statistics.median(row["ringtrain_s"])
+        # time ratios of windows timed back to back; bandwidth ratio is their inverse
+        ratios = pair_ratios(row["ringtrain_s"], row["raw_s"])
+        low, high = bootstrap_ci(ratios)
         rows.append(
             {
                 "bytes": row["bytes"],
@@ -171,7 +175,10 @@ def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> d
                 },
                 "raw_bandwidth_MBps": row["bytes"] / raw / 1e6,
                 "ringtrain_bandwidth_MBps": row["bytes"] / ours / 1e6,
-                "latency_ratio": ours / raw,
+                "latency_ratio": statistics.median(ratios),
+                "latency_ratio_ci95": [low, high],
+                "bandwidth_vs_raw": 1 / statistics.median(ratios),
+                "bandwidth_vs_raw_ci95": [1 / high, 1 / low],
                 "windows": len(row["raw_s"]),
                 "calls_per_window": row["calls_per_window"],
             }
@@ -219,16 +226,21 @@ def markdown(report: dict[str, Any]) -> str:
         f"- Machine: {m['cpu']}, {m['cores']} cores; {m['platform']}",
         f"- torch {m['torch']}, Python {m['python']}; measured {m['date']}",
         f"- 2 ranks x 1 thread, gloo over loopback, float32; {report['setup']['windows']} windows per size, "
-        "alternating raw and ringtrain; latency is per call (median, min-max over windows).",
+        "alternating raw and ringtrain; latency is per call (median, min-max over windows). "
+        "Ratios are medians over pairs of adjacent windows, with a 95 % bootstrap confidence interval.",
         "",
-        "| size | raw latency (us) | ringtrain latency (us) | ratio | raw MB/s | ringtrain MB/s |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| size | raw latency (us) | ringtrain latency (us) | latency ratio | bandwidth vs raw "
+        "| raw MB/s | ringtrain MB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["sizes"]:
         raw, ours = row["raw_latency_us"], row["ringtrain_latency_us"]
         lines.append(
             f"| {_human(row['bytes'])} | {raw['median']:.0f} ({raw['min']:.0f}-{raw['max']:.0f}) | "
-            f"{ours['median']:.0f} ({ours['min']:.0f}-{ours['max']:.0f}) | {row['latency_ratio']:.2f} | "
+            f"{ours['median']:.0f} ({ours['min']:.0f}-{ours['max']:.0f}) | {row['latency_ratio']:.2f} "
+            f"[{row['latency_ratio_ci95'][0]:.2f}-{row['latency_ratio_ci95'][1]:.2f}] | "
+            f"{row['bandwidth_vs_raw']:.2f}x [{row['bandwidth_vs_raw_ci95'][0]:.2f}-"
+            f"{row['bandwidth_vs_raw_ci95'][1]:.2f}] | "
             f"{row['raw_bandwidth_MBps']:.1f} | {row['ringtrain_bandwidth_MBps']:.1f} |"
         )
     fused = report["fused"]
@@ -249,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and calls: a smoke run")
     parser.add_argument(
-        "--windows", type=int, default=None, help="timed windows per size (default 7, quick 3)"
+        "--windows", type=int, default=None, help="timed windows per size (default 21, quick 3)"
     )
     parser.add_argument("--idle-seconds", type=float, default=None, help="idle CPU measurement (default 3 s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown report")
     args = parser.parse_args(argv)
     args.sizes = QUICK_SIZES if args.quick else SIZES
-    args.windows = args.windows or (3 if args.quick else 7)
+    args.windows = args.windows or (3 if args.quick else 21)
     args.idle_seconds = args.idle_seconds or (1.0 if args.quick else 3.0)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -278,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     report = summarize(results, args)
     args.out.mkdir(parents=True, exist_ok=True)
     cpu = re.sub(r"[^A-Za-z0-9]+", "-", report["machine"]["cpu"]).strip("-").lower()[:40]
-    stem = f"allreduce_bench_{cpu}_{dt.datetime.now(dt.UTC):%Y%m%d}" + ("_quick" if args.quick else "")
+    stem = f"allreduce_bench_{cpu}_{dt.datetime.now(dt.UTC):%Y%m%d-%H%M}" + ("_quick" if args.quick else "")
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
     (args.out / f"{stem}.md").write_text(text)

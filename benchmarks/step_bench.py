@@ -9,10 +9,12 @@ Two ranks with one thread each (gloo over loopback) train the Horovod MNIST CNN 
 1x28x28) and a CIFAR-shaped ResNet-18 (batch 32 per rank, 3x32x32) on synthetic data, with and
 without fp16 gradient compression (``Compression.fp16`` for ringtrain, DDP's ``fp16_compress_hook``
 for DDP). Rank 0 first measures a single process (rank 1 waits). Throughput is images/s over all
-ranks, measured in timed windows after warm-up; the report gives the median and the spread (min-max)
-of the windows and the ratio to DDP. DDP is measured before and after ringtrain (half of its windows
-each time), so slow drift of a shared machine does not favour either side, and ringtrain's engine is
-not running while DDP is measured.
+ranks, measured in timed windows after warm-up.
+
+DDP and ringtrain are timed in pairs of adjacent windows (which one goes first alternates), so a
+slow drift of a shared machine hits both halves of a pair alike. The ratio to DDP is the median of
+the per-pair ratios, with a 95 % bootstrap confidence interval over the pairs: a claim such as
+"at least 0.95x" holds when the interval's lower end is above it, not when one lucky window is.
 
 Results go to ``benchmarks/results/step_bench_<cpu>_<date>.{json,md}``, naming the machine.
 """
@@ -41,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from paired import bootstrap_ci, pair_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -143,6 +146,19 @@ def measure(variants: list[Variant], warmup: int, windows: int, steps: dict[str,
             v.window(steps[v.model_name], world)
 
 
+def measure_pairs(pairs: list[tuple[Variant, Variant]], warmup: int, windows: int, steps: dict[str, int],
+                  world: int) -> None:
+    """Time each (DDP, ringtrain) pair in adjacent windows, alternating which one goes first."""
+    for pair in pairs:
+        for v in pair:
+            for _ in range(warmup):
+                v.step()
+    for i in range(windows):
+        for pair in pairs:
+            for v in (pair if i % 2 == 0 else pair[::-1]):
+                v.window(steps[v.model_name], world)
+
+
 def worker(rank: int, world: int, port: int, ddp_port: int, cfg: dict[str, Any], out: str) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -160,21 +176,17 @@ def worker(rank: int, world: int, port: int, ddp_port: int, cfg: dict[str, Any],
         results += [{"model": v.model_name, "variant": v.label, "windows": v.windows} for v in singles]
     dist.barrier()
 
-    # 2. DDP (first half), 3. ringtrain, 4. DDP again (second half): drift hits both equally
-    ddp = [Variant(f"torch DDP{' fp16' if fp16 else ''}", m, make_ddp(fp16))
-           for m in models for fp16 in (False, True)]
-    first = (windows + 1) // 2
-    measure(ddp, warmup, first, steps, world)
-
+    # 2. DDP and ringtrain side by side, in paired windows
     import ringtrain as hvd
 
     hvd.init()
+    ddp = [Variant(f"torch DDP{' fp16' if fp16 else ''}", m, make_ddp(fp16))
+           for m in models for fp16 in (False, True)]
     ours = [Variant(f"ringtrain{' fp16' if fp16 else ''}", m, make_ringtrain(fp16))
             for m in models for fp16 in (False, True)]
-    measure(ours, warmup, windows, steps, world)
+    measure_pairs(list(zip(ddp, ours)), warmup, windows, steps, world)
     hvd.shutdown()
 
-    measure(ddp, 0, windows - first, steps, world)
     results += [{"model": v.model_name, "variant": v.label, "windows": v.windows} for v in ddp + ours]
     dist.barrier()
     # DDP wrappers must not outlive their gloo group (its destructor can deadlock on the GIL)
@@ -213,7 +225,15 @@ def summarize(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         fp16 = r["variant"].endswith("fp16")
         ddp = by_key.get((r["model"], "torch DDP fp16" if fp16 else "torch DDP"))
-        r["vs_ddp"] = r["median"] / ddp["median"] if ddp and r["variant"] != "single process" else None
+        r["vs_ddp"] = r["vs_ddp_ci"] = None
+        if ddp and r["variant"].startswith("ringtrain"):
+            # window i of both was timed back to back: compare within the pair
+            pairs = pair_ratios(r["windows"], ddp["windows"])
+            r["pair_ratios"] = pairs
+            r["vs_ddp"] = statistics.median(pairs)
+            r["vs_ddp_ci"] = bootstrap_ci(pairs)
+        elif ddp and r["variant"].startswith("torch DDP"):
+            r["vs_ddp"] = 1.0
         single = by_key.get((r["model"], "single process"))
         r["vs_single"] = r["median"] / single["median"] if single else None
     return rows
@@ -229,10 +249,14 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], cfg: dict[str, An
              f"{cfg['windows']} timed windows of "
              + ", ".join(f"{n} steps ({m})" for m, n in cfg["steps"].items() if m in cfg["models"])
              + ". Images/s over all ranks: median "
-             "(min-max of the windows).", "",
+             "(min-max of the windows). vs DDP: median of the ratios of paired adjacent windows "
+             "[95 % bootstrap confidence interval].", "",
              "| model | variant | images/s | spread | vs DDP | vs 1 process |", "|---|---|---|---|---|---|"]
     for r in rows:
         vs_ddp = f"{r['vs_ddp']:.3f}x" if r["vs_ddp"] is not None else ""
+        if r.get("vs_ddp_ci"):
+            low, high = r["vs_ddp_ci"]
+            vs_ddp += f" [{low:.3f}-{high:.3f}]"
         vs_single = f"{r['vs_single']:.2f}x" if r["vs_single"] is not None else ""
         lines.append(f"| {r['model']} | {r['variant']} | {r['median']:.1f} | {r['min']:.1f}-{r['max']:.1f} "
                      f"| {vs_ddp} | {vs_single} |")
@@ -244,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated subset of {list(MODELS)}")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per variant")
-    parser.add_argument("--windows", type=int, default=6, help="timed windows per variant")
+    parser.add_argument("--windows", type=int, default=16, help="timed windows per variant")
     parser.add_argument("--mnist-steps", type=int, default=30, help="steps per window, MNIST CNN")
     parser.add_argument("--resnet-steps", type=int, default=3, help="steps per window, ResNet-18")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 windows of few steps")
