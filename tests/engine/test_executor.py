@@ -21,6 +21,16 @@ def test_half_precision_scales_in_float32():
     assert t.item() == 1024.0
 
 
+def test_half_precision_scaling_rounds_once_like_a_float32_copy():
+    for dtype in (torch.float16, torch.bfloat16):
+        values = (torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 300).to(dtype)
+        for factor in (0.5, 1 / 3, 0.1, 1 / 7, 3.0, 1e-3):
+            scaled = values.clone()
+            scale_(scaled, factor)
+            reference = (values.to(torch.float32) * factor).to(dtype)
+            assert torch.equal(scaled.view(torch.int16), reference.view(torch.int16)), (dtype, factor)
+
+
 def test_unit_factor_is_a_no_op():
     t = torch.tensor([1.5])
     scale_(t, 1.0)

@@ -58,7 +58,9 @@ def scale_(tensor: torch.Tensor, factor: float) -> None:
     if tensor.dtype in _INTEGER:
         tensor.copy_((tensor.to(torch.float64) * factor).trunc())
     elif tensor.dtype in _HALF:
-        tensor.copy_(tensor.to(torch.float32) * factor)
+        # Half-precision kernels compute in float32 and round once: the same result as scaling a
+        # float32 copy, without the two extra passes.
+        tensor.mul_(factor)
     elif tensor.dtype == torch.bool:
         tensor.copy_(tensor.to(torch.float64) * factor != 0)
     else:
