@@ -63,7 +63,7 @@ class TrainerConfig:
     num_workers: int = 0
     """DataLoader worker processes per rank."""
     progress: bool = True
-    """Show a progress bar on rank 0 (only when stdout is a terminal)."""
+    """Show progress on rank 0: a bar on a terminal, else a line every 10 s (pipes, scheduler logs)."""
     log_dir: str | None = None
     """Write ``metrics.csv`` (and TensorBoard events, if installed) here from rank 0."""
     device: str | None = None

@@ -1,21 +1,38 @@
-"""A progress bar on rank 0 only, and only where someone watches a terminal."""
+"""Progress on rank 0 only: a bar on a terminal, a line every few seconds anywhere else.
+
+Under ``ringtrain run``, torchrun, Slurm or PBS the ranks' output goes through pipes or files, where a
+bar cannot redraw; a plain line now and then still tells the person reading the log that the job moves.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
+
+#: Seconds between two progress lines when stdout is not a terminal.
+LINE_INTERVAL_S = 10.0
 
 
 class Progress:
-    """Wraps tqdm; every method is a no-op when disabled (other ranks, pipes, ``progress=False``)."""
+    """Wraps tqdm; every method is a no-op when disabled (other ranks, ``progress=False``)."""
 
-    def __init__(self, enabled: bool, total: int, description: str, initial: int = 0) -> None:
+    def __init__(self, enabled: bool, total: int, description: str, initial: int = 0,
+                 interval_s: float = LINE_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._bar: Any = None
+        self._lines = False
         if enabled and sys.stdout.isatty():
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, desc=description, leave=False, dynamic_ncols=True,
                              file=sys.stdout)
+        elif enabled:
+            self._lines = True
+            self._total, self._description = total, description
+            self._interval, self._clock = interval_s, clock
+            self._done = self._first = initial
+            self._start = self._last = clock()
 
     def update(self, n: int = 1, **postfix: float) -> None:
         """Advance by ``n`` batches and show the given numbers."""
@@ -23,9 +40,21 @@ class Progress:
             self._bar.update(n)
             if postfix:
                 self._bar.set_postfix({k: f"{v:.4f}" for k, v in postfix.items()}, refresh=False)
+        elif self._lines:
+            self._done += n
+            now = self._clock()
+            if now - self._last >= self._interval and self._done < self._total:
+                self._last = now
+                rate = (self._done - self._first) / max(now - self._start, 1e-9)
+                line = (f"{self._description}: {self._done}/{self._total} batches "
+                        f"({100 * self._done // max(self._total, 1)}%), {rate:.1f} batches/s")
+                line += "".join(f", {k} {v:.4f}" for k, v in postfix.items())
+                sys.stdout.write(line + "\n")  # one write: ranks' lines must not interleave mid-line
+                sys.stdout.flush()
 
     def close(self) -> None:
         """Remove the bar."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        self._lines = False
