@@ -13,39 +13,36 @@ from ringtrain.engine import control_plane as cp
 from tests.engine.hvd_env import fresh
 
 
-def _mesh(size: int, timeout_s: float = 20.0) -> list[cp.ControlPlane]:
-    """``size`` planes connected through one in-process store, one thread per rank."""
-    store = dist.HashStore()
-    planes: list[cp.ControlPlane | None] = [None] * size
-    errors: list[BaseException] = []
+def _per_rank(fn, ranks) -> dict[int, object]:
+    """``fn(rank)`` for every rank at once, one thread each: results, or the exception raised."""
+    out: dict[int, object] = {}
 
-    def connect(rank: int) -> None:
+    def run(rank: int) -> None:
         try:
-            planes[rank] = cp.ControlPlane.connect(store, rank, size, "127.0.0.1", timeout_s, 30.0)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
+            out[rank] = fn(rank)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out[rank] = exc
 
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(size)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert not errors, errors
-    return [p for p in planes if p is not None]
+    return out
+
+
+def _mesh(size: int, round_timeout_s: float = 30.0) -> list[cp.ControlPlane]:
+    """``size`` planes connected through one in-process store."""
+    store = dist.HashStore()
+    planes = _per_rank(lambda r: cp.ControlPlane.connect(store, r, size, "127.0.0.1", 20.0, round_timeout_s),
+                       range(size))
+    assert all(isinstance(planes[r], cp.ControlPlane) for r in range(size)), planes
+    return [planes[r] for r in range(size)]
 
 
 def _allgather_all(planes: list[cp.ControlPlane], messages: list[bytes]) -> list[list[bytes]]:
-    results: list[list[bytes]] = [[] for _ in planes]
-
-    def run(rank: int) -> None:
-        results[rank] = [bytes(m) for m in planes[rank].allgather(messages[rank])]
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(planes))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
+    out = _per_rank(lambda r: [bytes(m) for m in planes[r].allgather(messages[r])], range(len(planes)))
+    return [out[r] for r in range(len(planes))]
 
 
 def test_allgather_returns_every_rank_message_in_rank_order():
@@ -73,21 +70,10 @@ def test_largest_allowed_message_goes_through():
 def test_a_closed_peer_is_an_error_that_names_it():
     planes = _mesh(3)
     planes[2].close()
-    errors: dict[int, BaseException] = {}
-
-    def run(rank: int) -> None:
-        try:
-            planes[rank].allgather(b"x")
-        except cp.ControlPlaneError as exc:
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    errors = _per_rank(lambda r: planes[r].allgather(b"x"), (0, 1))
     assert sorted(errors) == [0, 1]
     for exc in errors.values():
+        assert isinstance(exc, cp.ControlPlaneError)
         assert "closed its control connection" in str(exc)
     assert any("rank 2" in str(exc) for exc in errors.values())
     with pytest.raises(cp.ControlPlaneError, match="closed"):
@@ -96,17 +82,7 @@ def test_a_closed_peer_is_an_error_that_names_it():
 
 
 def test_a_silent_peer_times_out():
-    store = dist.HashStore()
-    planes: dict[int, cp.ControlPlane] = {}
-
-    def connect(rank: int) -> None:
-        planes[rank] = cp.ControlPlane.connect(store, rank, 2, "127.0.0.1", 20.0, 0.5)
-
-    threads = [threading.Thread(target=connect, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    planes = _mesh(2, round_timeout_s=0.5)
     with pytest.raises(cp.ControlPlaneError, match="rank 1 sent nothing within the round timeout"):
         planes[0].allgather(b"x")
     planes[1].close()
