@@ -102,7 +102,15 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
     hvd.init()  # shares torch.distributed's store; its groups are its own
     from ringtrain.engine import state
 
-    plane = state.require().plane
+    # The floor competitor gets sockets of its own, built like the engine's: sharing the engine's
+    # would let its messages pair with a peer engine's idle round.
+    from ringtrain.engine.control_plane import ControlPlane
+
+    engine = state.require()
+    sync_plane = None
+    if engine.plane is not None:
+        store = dist.PrefixStore("bench-sync/", engine.world.store)
+        sync_plane = ControlPlane.connect(store, rank, world, "127.0.0.1", 60.0, 600.0)
     rows = []
     for nbytes in args.sizes:
         tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
@@ -117,10 +125,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
         def synced(t: torch.Tensor = tensor) -> None:
             # The floor for any negotiate-then-execute design: the cheapest agreement (one 8-byte
             # exchange over the engine's own socket mesh), then the raw collective.
-            plane.allgather(b"\0" * 8)
+            sync_plane.allgather(b"\0" * 8)
             dist.all_reduce(t)
 
-        competitors = [(raw, []), (ours, [])] + ([(synced, [])] if plane is not None else [])
+        competitors = [(raw, []), (ours, [])] + ([(synced, [])] if sync_plane is not None else [])
         for fn, _ in competitors:  # warm-up (connections, caches, allocator)
             _window(fn, max(1, calls // 4))
         for window in range(args.windows):
@@ -129,7 +137,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
                 times.append(_window(fn, calls))
         row = {"bytes": nbytes, "calls_per_window": calls, "raw_s": competitors[0][1],
                "ringtrain_s": competitors[1][1]}
-        if plane is not None:
+        if sync_plane is not None:
             row["synced_raw_s"] = competitors[2][1]
         rows.append(row)
 
@@ -160,6 +168,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
     time.sleep(args.idle_seconds)
     idle = (time.process_time() - start_cpu) / (time.monotonic() - start)
     dist.barrier()
+    if sync_plane is not None:
+        sync_plane.close()
     hvd.shutdown()
     dist.destroy_process_group()
     queue.put((rank, {"rows": rows, "fused": fused, "idle_cpu_fraction": idle}))

@@ -519,6 +519,12 @@ class Engine:
         nbytes = vector.numel() * vector.element_size()
         if self.plane is not None and nbytes <= self.plane.max_message:
             rows = self.plane.allgather(memoryview(vector.numpy()).cast("B"))
+            if any(len(row) != nbytes for row in rows):
+                # Every rank derives the length from replicated state: a mismatch means a message
+                # that is not this round's (a bug, or something else writing to the sockets).
+                raise control_plane.ControlPlaneError(
+                    f"round vectors differ in length across ranks: {[len(row) for row in rows]} bytes"
+                )
             parts = [
                 vector if r == self.rank else torch.frombuffer(row, dtype=vector.dtype)
                 for r, row in enumerate(rows)
