@@ -66,6 +66,7 @@ class CheckReport:
     device: str
     environment: str
     backends: dict[str, bool] = field(default_factory=dict)
+    control_plane: str = ""
     gpus: list[str] = field(default_factory=list)
     results: list[CheckResult] = field(default_factory=list)
     bandwidth: list[BandwidthSample] = field(default_factory=list)
@@ -360,8 +361,22 @@ def count_failures_everywhere(hvd: ModuleType, local_failures: int) -> int:
         return local_failures + 1
 
 
+def control_plane_description() -> str:
+    """What carries the engine's negotiation rounds (firewalls care: the mesh uses its own ports)."""
+    from ringtrain.engine import state
+
+    engine = state.engine
+    if engine is None or engine.size == 1:
+        return "none (one process)"
+    if engine.plane is None:
+        return "gloo (RINGTRAIN_CONTROL_PLANE=gloo, or more than 128 ranks)"
+    return (f"tcp socket mesh ({engine.size - 1} connection(s) per rank, messages up to "
+            f"{engine.plane.max_message // 1024} KiB)")
+
+
 def new_report(hvd: ModuleType, device: torch.device, environment: str) -> CheckReport:
     """The identity part of a report: who and where this rank is."""
     return CheckReport(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                        hostname=socket.gethostname(), device=str(device), environment=environment,
-                       backends=backend_availability(), gpus=gpu_names())
+                       backends=backend_availability(), control_plane=control_plane_description(),
+                       gpus=gpu_names())

@@ -55,6 +55,7 @@ def test_alone_it_is_one_rank_and_passes() -> None:
     assert "hello from rank 0 of 1 (host " in result.stdout
     assert "device cpu" in result.stdout
     assert "backends: gloo yes" in result.stdout
+    assert "control plane: none (one process)" in result.stdout
     assert "all checks passed on 1 rank(s)" in result.stdout
     assert "allreduce bandwidth" in result.stdout
     assert "64 KiB" in result.stdout
@@ -68,6 +69,7 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
         assert f"hello from rank {rank} of 2 (host " in result.stdout
         assert f"local rank {rank}, device cpu" in result.stdout
     assert "environment: torchrun, 2 rank(s)" in result.stdout
+    assert "control plane: tcp socket mesh (1 connection(s) per rank" in result.stdout
     for name in ("allreduce[sum]", "allreduce[average]", "allreduce[min]", "allreduce[max]",
                  "allreduce[product]", "allgather[uneven]", "broadcast[root=1]", "alltoall[equal]",
                  "alltoall[splits]", "reducescatter[sum]", "reducescatter[average]", "barrier"):
@@ -107,6 +109,7 @@ def test_json_report_from_rank_0() -> None:
     report = json.loads(result.stdout)
     assert (report["rank"], report["size"], report["ok"], report["failures_all_ranks"]) == (0, 2, True, 0)
     assert report["backends"]["gloo"] is True
+    assert report["control_plane"].startswith("tcp socket mesh")
     assert [s["nbytes"] for s in report["bandwidth"]] == [4096]
     assert report["bandwidth"][0]["algbw_mbps"] > 0
 

@@ -172,6 +172,7 @@ def _print_report(report: Any, total_failures: int, as_json: bool) -> None:
     lines = [f"environment: {report.environment}, {report.size} rank(s)",
              "backends: " + ", ".join(f"{name} {'yes' if ok else 'no'}"
                                       for name, ok in report.backends.items()),
+             f"control plane: {report.control_plane}",
              "gpus: " + (", ".join(f"{i}: {name}" for i, name in enumerate(report.gpus)) or "none")]
     for result in report.results:
         status = "skip" if result.skipped else ("ok" if result.ok else "FAIL")
