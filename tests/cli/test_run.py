@@ -229,7 +229,8 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("hosts", "sig"), [
-    (None, signal.SIGTERM), ("localhost:1,127.0.0.1:1", signal.SIGTERM), (None, signal.SIGKILL)])
+    (None, signal.SIGTERM), ("localhost:1,127.0.0.1:1", signal.SIGTERM), (None, signal.SIGKILL),
+    ("localhost:1,127.0.0.1:1", signal.SIGKILL)])
 def test_stopping_the_launcher_leaves_no_process(hosts, sig, tmp_path):
     """SIGTERM: the agent stops its ranks. SIGKILL: the ranks see their agent die and stop too."""
     argv = ["-np", "2"] if hosts is None else ["-H", hosts]
