@@ -364,12 +364,13 @@ def count_failures_everywhere(hvd: ModuleType, local_failures: int) -> int:
 def control_plane_description() -> str:
     """What carries the engine's negotiation rounds (firewalls care: the mesh uses its own ports)."""
     from ringtrain.engine import state
+    from ringtrain.engine.control_plane import DEFAULT_MAX_RANKS
 
     engine = state.engine
     if engine is None or engine.size == 1:
         return "none (one process)"
     if engine.plane is None:
-        return "gloo (RINGTRAIN_CONTROL_PLANE=gloo, or more than 128 ranks)"
+        return f"gloo (RINGTRAIN_CONTROL_PLANE=gloo, or more than {DEFAULT_MAX_RANKS} ranks)"
     return (f"tcp socket mesh ({engine.size - 1} connection(s) per rank, messages up to "
             f"{engine.plane.max_message // 1024} KiB)")
 

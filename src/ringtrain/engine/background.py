@@ -21,7 +21,14 @@ import torch
 from ringtrain.engine import control_plane
 from ringtrain.engine import negotiation as neg
 from ringtrain.engine.cache import ResponseCache
-from ringtrain.engine.executor import SetGroups, run_allreduce, run_single, scale_
+from ringtrain.engine.executor import (
+    SetGroups,
+    mesh_allreduce,
+    reduce_in_rank_order,
+    run_allreduce,
+    run_single,
+    scale_,
+)
 from ringtrain.engine.fusion import fusion_key, plan_batches
 from ringtrain.engine.handles import HandleManager
 from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
@@ -518,30 +525,14 @@ class Engine:
             return vector
         nbytes = vector.numel() * vector.element_size()
         if self.plane is not None and nbytes <= self.plane.max_message:
-            rows = self.plane.allgather(memoryview(vector.numpy()).cast("B"))
-            if any(len(row) != nbytes for row in rows):
-                # Every rank derives the length from replicated state: a mismatch means a message
-                # that is not this round's (a bug, or something else writing to the sockets).
-                raise control_plane.ControlPlaneError(
-                    f"round vectors differ in length across ranks: {[len(row) for row in rows]} bytes"
-                )
-            parts = [
-                vector if r == self.rank else torch.frombuffer(row, dtype=vector.dtype)
-                for r, row in enumerate(rows)
-            ]
-            total = parts[0] + parts[1]
-            for part in parts[2:]:
-                total += part
-            return total
-        if self.size * vector.numel() * vector.element_size() > _GATHER_ROUND_BYTES:
+            mesh_allreduce(self.plane, vector, SUM)
+            return vector
+        if self.size * nbytes > _GATHER_ROUND_BYTES:
             self.ctrl.allreduce([vector]).wait()
             return vector
         rows = torch.empty(self.size, vector.numel(), dtype=vector.dtype)
         self.ctrl._allgather_base(rows.view(-1), vector).wait()
-        total = rows[0]
-        for rank in range(1, self.size):
-            total = total + rows[rank]
-        return total
+        return reduce_in_rank_order(rows.unbind(), SUM)
 
     def _eager_layout(self) -> tuple[dict[int, tuple[int, int]], int]:
         """Offsets of small cached Sum/Average CPU allreduces in the round vector (same on all ranks)."""

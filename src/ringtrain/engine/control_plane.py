@@ -41,7 +41,6 @@ _MAGIC = b"RTCTRL01"
 _HELLO = struct.Struct("<8s32sI")
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
-_LIMIT = struct.Struct("<Q")
 _SIOCGIFADDR = 0x8915
 
 
@@ -176,7 +175,8 @@ class ControlPlane:
         for sock in peers.values():
             limit = min(limit, _tune(sock, round_timeout_s))
         plane = cls(rank, size, peers)
-        plane.max_message = min(_LIMIT.unpack(bytes(data))[0] for data in plane.allgather(_LIMIT.pack(limit)))
+        limits = plane.allgather(_LENGTH.pack(limit))
+        plane.max_message = min(_LENGTH.unpack(bytes(data))[0] for data in limits)
         return plane
 
     def allgather(self, data: bytes | memoryview) -> list[bytes | bytearray | memoryview]:

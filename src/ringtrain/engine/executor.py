@@ -9,13 +9,14 @@ every dtype works whatever the backend supports.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ringtrain.engine.control_plane import ControlPlaneError
 from ringtrain.engine.requests import AVERAGE, MAX, MIN, PRODUCT, OpType, Request, Response, dtype_from_name
 
 _REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
@@ -165,14 +166,25 @@ def mesh_allreduce(plane: Any, wire: torch.Tensor, reduce_op: int) -> None:
     The same inputs in the same order give bit-identical results everywhere, as a ring would.
     """
     flat = wire.reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
     rows = plane.allgather(memoryview(flat.view(torch.uint8).numpy()))
+    if any(len(row) != nbytes for row in rows):
+        # Every rank derives the length from agreed state: a mismatch means a message that is not
+        # this exchange's (a bug, or something else writing to the sockets).
+        lengths = [len(row) for row in rows]
+        raise ControlPlaneError(f"allreduce parts differ in length across ranks: {lengths} bytes")
     dtype = wire.dtype
     parts = [torch.frombuffer(row, dtype=dtype) if r != plane.rank else flat for r, row in enumerate(rows)]
+    flat.copy_(reduce_in_rank_order(parts, reduce_op))
+
+
+def reduce_in_rank_order(parts: Sequence[torch.Tensor], reduce_op: int) -> torch.Tensor:
+    """Every rank's part combined in rank order (a new tensor): same result on every rank."""
     combine = _COMBINE.get(reduce_op, torch.add)
     total = combine(parts[0], parts[1])
     for part in parts[2:]:
         total = combine(total, part)
-    flat.copy_(total)
+    return total
 
 
 def run_allgather(response: Response, request: Request, groups: SetGroups) -> None:
