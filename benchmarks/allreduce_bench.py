@@ -311,6 +311,16 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _size_list(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: give byte counts like 1048576,4194304") from None
+    if not sizes or min(sizes) < 4:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: each size must be at least 4 bytes")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few sizes and calls: a smoke run")
@@ -319,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--idle-seconds", type=float, default=None, help="idle CPU measurement (default 3 s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown report")
+    parser.add_argument(
+        "--sizes", type=_size_list, default=None, help="comma-separated byte counts, e.g. 1048576,4194304"
+    )
     args = parser.parse_args(argv)
-    args.sizes = QUICK_SIZES if args.quick else SIZES
+    args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     args.windows = args.windows or (3 if args.quick else 21)
     args.idle_seconds = args.idle_seconds or (1.0 if args.quick else 3.0)
     with socket.socket() as sock:

@@ -98,6 +98,8 @@ class Engine:
         round_timeout = env_seconds("RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0)
         self.ctrl = make_gloo_group(world, "control", list(range(self.size)), timeout_s=round_timeout)
         self.plane = self._connect_plane(round_timeout)
+        self.cpu_ring = self.plane is not None and self._agree("ctrl/cpu_allreduce",
+                                                               control_plane.cpu_allreduce_from_env) == "ring"
         self.sets: dict[int, SetGroups] = {}
         self._next_set_id = 0
         self.add_set(list(range(self.size)))
@@ -154,8 +156,9 @@ class Engine:
             ranks=list(ranks),
             gloo=gloo,
             make_nccl=lambda: make_nccl_group(world, tag, list(ranks)),
-            # Small CPU allreduces of the global set may travel over the control plane's sockets.
-            plane=self.plane if set_id == 0 else None,
+            # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
+            plane=self.plane,
+            ring=self.cpu_ring,
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)
@@ -167,12 +170,11 @@ class Engine:
         if self.size == 1:
             return None
         store = self.world.store
-        if self.rank == 0:
-            mode = control_plane.mode_from_env()
-            if self.size > control_plane.DEFAULT_MAX_RANKS:
-                mode = "gloo"
-            store.set("ctrl/mode", mode)
-        if store.get("ctrl/mode").decode() != "tcp":
+
+        def mode() -> str:
+            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else control_plane.mode_from_env()
+
+        if self._agree("ctrl/mode", mode) != "tcp":
             return None
         return control_plane.ControlPlane.connect(
             store,
@@ -182,6 +184,12 @@ class Engine:
             timeout_s=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0),
             round_timeout_s=round_timeout,
         )
+
+    def _agree(self, key: str, choose: Callable[[], str]) -> str:
+        """A setting every rank must share: rank 0's choice, published through the store."""
+        if self.rank == 0:
+            self.world.store.set(key, choose())
+        return self.world.store.get(key).decode()
 
     def _check_homogeneous(self) -> bool:
         mine = torch.tensor([self.world.local_size], dtype=torch.int64)

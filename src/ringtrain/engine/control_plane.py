@@ -29,6 +29,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
@@ -55,6 +56,17 @@ def mode_from_env() -> str:
         raise ValueError(
             f"RINGTRAIN_CONTROL_PLANE={value!r} is not a control plane. "
             "HINT: use 'tcp' (direct sockets, the default) or 'gloo'."
+        )
+    return value
+
+
+def cpu_allreduce_from_env() -> str:
+    """``ring`` (default) or ``gloo``, from RINGTRAIN_CPU_ALLREDUCE; rank 0's value decides for all."""
+    value = os.environ.get("RINGTRAIN_CPU_ALLREDUCE", "ring").strip().lower() or "ring"
+    if value not in ("ring", "gloo"):
+        raise ValueError(
+            f"RINGTRAIN_CPU_ALLREDUCE={value!r} is not a CPU allreduce. "
+            "HINT: use 'ring' (over the control plane's sockets, the default) or 'gloo'."
         )
     return value
 
@@ -117,11 +129,14 @@ def candidate_addresses(main_address: str) -> list[str]:
 class ControlPlane:
     """Sockets to every other rank; :meth:`allgather` is the only operation."""
 
-    def __init__(self, rank: int, size: int, peers: dict[int, socket.socket]) -> None:
+    def __init__(
+        self, rank: int, size: int, peers: dict[int, socket.socket], round_timeout_s: float = 3600.0
+    ) -> None:
         self.rank, self.size = rank, size
         self._peers = peers
         self._order = sorted(peers)
         self.closed = False
+        self.round_timeout_s = round_timeout_s
         #: Largest message every rank can buffer twice over (the same value on all ranks).
         self.max_message = MAX_MESSAGE_BYTES
 
@@ -174,7 +189,7 @@ class ControlPlane:
         limit = MAX_MESSAGE_BYTES
         for sock in peers.values():
             limit = min(limit, _tune(sock, round_timeout_s))
-        plane = cls(rank, size, peers)
+        plane = cls(rank, size, peers, round_timeout_s)
         limits = plane.allgather(_LENGTH.pack(limit))
         plane.max_message = min(_LENGTH.unpack(bytes(data))[0] for data in limits)
         return plane
@@ -205,6 +220,31 @@ class ControlPlane:
         if length > self.max_message:
             raise ControlPlaneError(f"rank {peer} sent a {length}-byte control message (protocol error)")
         return _recv_exact(sock, length, peer)
+
+    def peer_socket(self, peer: int) -> socket.socket:
+        """The connection to rank ``peer``, for transfers that frame their own messages (socket_ring)."""
+        if self.closed:
+            raise ControlPlaneError("the control plane is closed")
+        return self._peers[peer]
+
+    @contextlib.contextmanager
+    def nonblocking(self, *socks: socket.socket) -> Iterator[float]:
+        """Switch ``socks`` to non-blocking calls for a transfer that polls; yields its deadline.
+
+        With a timeout set, Python polls before every send and receive; a transfer that alternates
+        between two directions does its own polling instead, only when neither can move.
+        """
+        for sock in socks:
+            sock.setblocking(False)
+        try:
+            yield time.monotonic() + self.round_timeout_s
+        except OSError:
+            self.close()
+            raise
+        finally:
+            if not self.closed:
+                for sock in socks:
+                    sock.settimeout(self.round_timeout_s)
 
     def close(self) -> None:
         """Close every connection (peers blocked on us see end-of-file)."""

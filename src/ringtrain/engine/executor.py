@@ -17,12 +17,31 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.engine.control_plane import ControlPlaneError
-from ringtrain.engine.requests import AVERAGE, MAX, MIN, PRODUCT, OpType, Request, Response, dtype_from_name
+from ringtrain.engine.requests import (
+    AVERAGE,
+    MAX,
+    MIN,
+    PRODUCT,
+    SUM,
+    OpType,
+    Request,
+    Response,
+    dtype_from_name,
+)
+from ringtrain.engine.socket_ring import ring_allreduce
 
 _REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
 _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _HALF = {torch.float16, torch.bfloat16}
 _COMBINE = {MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
+#: In-place ``target op= received`` for the socket ring; Average is a Sum scaled afterwards.
+_FOLD = {
+    SUM: torch.Tensor.add_,
+    AVERAGE: torch.Tensor.add_,
+    MIN: lambda target, part: torch.minimum(target, part, out=target),
+    MAX: lambda target, part: torch.maximum(target, part, out=target),
+    PRODUCT: torch.Tensor.mul_,
+}
 #: Gathered bytes (all ranks together) up to which a CPU allreduce of the global set uses the
 #: control plane's socket mesh instead of gloo.
 MESH_ALLREDUCE_BYTES = 1024 * 1024
@@ -40,8 +59,10 @@ class SetGroups:
     make_nccl: Callable[[], Any]
     nccl: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: The control plane (global set only), for small CPU allreduces; see :func:`mesh_fits`.
+    #: The control plane, for CPU allreduces over its sockets; see :func:`mesh_fits`.
     plane: Any = None
+    #: Whether CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
+    ring: bool = False
 
     def group(self, device: int) -> Any:
         if device < 0:
@@ -123,6 +144,8 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     if wire.numel() > 0:
         if ref.device < 0 and mesh_fits(groups, wire):
             mesh_allreduce(groups.plane, wire, ref.reduce_op)
+        elif ref.device < 0 and groups.ring:
+            ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), _FOLD[ref.reduce_op])
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
@@ -154,7 +177,7 @@ def mesh_fits(groups: SetGroups, wire: torch.Tensor) -> bool:
     the same way.
     """
     plane = groups.plane
-    if plane is None:
+    if plane is None or len(groups.ranks) != plane.size:
         return False
     nbytes = wire.numel() * wire.element_size()
     return nbytes <= plane.max_message and nbytes * plane.size <= MESH_ALLREDUCE_BYTES
