@@ -39,7 +39,7 @@ from paired import bootstrap_ci, pair_ratios
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-SIZES = [4, 64, 1024, 16 * 1024, 256 * 1024, 4 * 1024 * 1024, 64 * 1024 * 1024]
+SIZES = [4, 64, 1024, 16 * 1024, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024, 64 * 1024 * 1024]
 QUICK_SIZES = [4, 4096, 1024 * 1024]
 
 

@@ -371,8 +371,9 @@ def control_plane_description() -> str:
         return "none (one process)"
     if engine.plane is None:
         return f"gloo (RINGTRAIN_CONTROL_PLANE=gloo, or more than {DEFAULT_MAX_RANKS} ranks)"
+    large = "ring over the mesh" if engine.cpu_ring else "gloo (RINGTRAIN_CPU_ALLREDUCE=gloo)"
     return (f"tcp socket mesh ({engine.size - 1} connection(s) per rank, messages up to "
-            f"{engine.plane.max_message // 1024} KiB)")
+            f"{engine.plane.max_message // 1024} KiB); large CPU allreduces: {large}")
 
 
 def new_report(hvd: ModuleType, device: torch.device, environment: str) -> CheckReport:
