@@ -101,6 +101,7 @@ class Engine:
         self.cpu_ring = self.plane is not None and self._agree("ctrl/cpu_allreduce",
                                                                control_plane.cpu_allreduce_from_env) == "ring"
         self.sets: dict[int, SetGroups] = {}
+        self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._next_set_id = 0
         self.add_set(list(range(self.size)))
         for ranks in static_sets or []:
@@ -159,6 +160,7 @@ class Engine:
             # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
             plane=self.plane,
             ring=self.cpu_ring,
+            buffers=self._fusion_buffers,
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)

@@ -32,6 +32,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
 #: buffers are small (see ``max_message``); larger exchanges go through gloo.
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -137,6 +139,7 @@ class ControlPlane:
         self._order = sorted(peers)
         self.closed = False
         self.round_timeout_s = round_timeout_s
+        self._scratch = torch.empty(0, dtype=torch.uint8)
         #: Largest message every rank can buffer twice over (the same value on all ranks).
         self.max_message = MAX_MESSAGE_BYTES
 
@@ -220,6 +223,12 @@ class ControlPlane:
         if length > self.max_message:
             raise ControlPlaneError(f"rank {peer} sent a {length}-byte control message (protocol error)")
         return _recv_exact(sock, length, peer)
+
+    def scratch(self, nbytes: int) -> torch.Tensor:
+        """A reusable byte buffer for transfers over this plane (kept: a fresh one costs page faults)."""
+        if self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8)
+        return self._scratch[:nbytes]
 
     def peer_socket(self, peer: int) -> socket.socket:
         """The connection to rank ``peer``, for transfers that frame their own messages (socket_ring)."""

@@ -72,7 +72,7 @@ def ring_allreduce(
 
     piece_elements = max(1, piece_bytes // item)
     largest = max(bounds[i + 1] - bounds[i] for i in range(count))
-    scratch = torch.empty(min(largest, piece_elements), dtype=flat.dtype)
+    scratch = plane.scratch(min(largest, piece_elements) * item).view(flat.dtype)
     scratch_raw = memoryview(scratch.view(torch.uint8).numpy())
     links = (out_sock, successor, in_sock, predecessor)
     with plane.nonblocking(out_sock, in_sock) as deadline:
