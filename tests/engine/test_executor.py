@@ -41,3 +41,21 @@ def test_reducescatter_rows_give_extra_rows_to_the_first_ranks():
     assert reducescatter_rows(5, 2) == [3, 2]
     assert reducescatter_rows(7, 3) == [3, 2, 2]
     assert reducescatter_rows(2, 4) == [1, 1, 0, 0]
+
+
+def test_fusion_buffer_is_reused_and_grows_to_the_largest_batch():
+    from ringtrain.engine.executor import SetGroups, _fusion_buffer
+
+    groups = SetGroups(set_id=0, ranks=[0], gloo=None, make_nccl=lambda: None)
+    cpu = torch.device("cpu")
+    first = _fusion_buffer(groups, torch.float32, cpu, 1000)
+    assert first.numel() == 1000
+    smaller = _fusion_buffer(groups, torch.float32, cpu, 10)
+    assert smaller.numel() == 10
+    assert smaller.data_ptr() == first.data_ptr()
+    larger = _fusion_buffer(groups, torch.float32, cpu, 5000)
+    assert larger.numel() == 5000
+    assert len(groups.buffers) == 1
+    other = _fusion_buffer(groups, torch.float16, cpu, 10)
+    assert other.dtype == torch.float16
+    assert len(groups.buffers) == 2
