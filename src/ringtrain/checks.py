@@ -196,6 +196,16 @@ def check_allreduce(hvd: ModuleType, op_name: str, device: torch.device, length:
     return result
 
 
+def check_allreduce_large(hvd: ModuleType, device: torch.device, numel: int = 1 << 20) -> CheckResult:
+    """A 4 MiB Sum: large tensors take another path than small ones (the socket ring, gloo or NCCL)."""
+    name = "allreduce[large]"
+    size = hvd.size()
+    pattern = torch.arange(numel, device=device, dtype=torch.float32).remainder_(7)
+    # Small integers: exact in float32 whatever order the ranks' parts are added in.
+    got = hvd.allreduce(pattern + hvd.rank(), name=f"check.{name}", op=hvd.Sum)
+    return _compare(name, got, pattern * size + size * (size - 1) // 2)
+
+
 def check_allreduce_int(hvd: ModuleType, device: torch.device) -> CheckResult:
     """Integer Sum: catches a path that silently goes through floats."""
     rank, size = hvd.rank(), hvd.size()
@@ -309,6 +319,7 @@ def run_collective_checks(hvd: ModuleType, device: torch.device,
         plan.append((f"allreduce[{op.lower()}]", lambda op=op: check_allreduce(hvd, op, device)))
     plan += [
         ("allreduce[int64]", lambda: check_allreduce_int(hvd, device)),
+        ("allreduce[large]", lambda: check_allreduce_large(hvd, device)),
         ("allgather[uneven]", lambda: check_allgather(hvd, device)),
         ("broadcast", lambda: check_broadcast(hvd, device)),
         ("alltoall", lambda: check_alltoall(hvd, device)),

@@ -72,7 +72,8 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
     assert "control plane: tcp socket mesh (1 connection(s) per rank" in result.stdout
     assert "large CPU allreduces: ring over the mesh" in result.stdout
     for name in ("allreduce[sum]", "allreduce[average]", "allreduce[min]", "allreduce[max]",
-                 "allreduce[product]", "allgather[uneven]", "broadcast[root=1]", "alltoall[equal]",
+                 "allreduce[product]", "allreduce[large]", "allgather[uneven]", "broadcast[root=1]",
+                 "alltoall[equal]",
                  "alltoall[splits]", "reducescatter[sum]", "reducescatter[average]", "barrier"):
         assert any(line.split()[:2] == [name, "ok"] for line in result.stdout.splitlines()), name
     assert "all checks passed on 2 rank(s)" in result.stdout
