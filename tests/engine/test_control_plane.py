@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -40,31 +42,34 @@ def _mesh(size: int, round_timeout_s: float = 30.0) -> list[cp.ControlPlane]:
     return [planes[r] for r in range(size)]
 
 
+@contextlib.contextmanager
+def _open_mesh(size: int, round_timeout_s: float = 30.0) -> Iterator[list[cp.ControlPlane]]:
+    """A mesh of ``size`` planes, closed afterwards."""
+    planes = _mesh(size, round_timeout_s)
+    try:
+        yield planes
+    finally:
+        for plane in planes:
+            plane.close()
+
+
 def _allgather_all(planes: list[cp.ControlPlane], messages: list[bytes]) -> list[list[bytes]]:
     out = _per_rank(lambda r: [bytes(m) for m in planes[r].allgather(messages[r])], range(len(planes)))
     return [out[r] for r in range(len(planes))]
 
 
 def test_allgather_returns_every_rank_message_in_rank_order():
-    planes = _mesh(4)
-    try:
+    with _open_mesh(4) as planes:
         for round_number in range(20):
             messages = [f"r{r}-{round_number}".encode() * (r + 1) for r in range(4)]
             messages[2] = b""  # empty messages are allowed (a rank with nothing to say)
             assert _allgather_all(planes, messages) == [messages] * 4
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_largest_allowed_message_goes_through():
-    planes = _mesh(2)
-    try:
+    with _open_mesh(2) as planes:
         big = [bytes([r]) * cp.MAX_MESSAGE_BYTES for r in range(2)]
         assert _allgather_all(planes, big) == [big, big]
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_a_closed_peer_is_an_error_that_names_it():

@@ -10,7 +10,7 @@ from ringtrain.engine.executor import _FOLD
 from ringtrain.engine.requests import MAX, MIN, PRODUCT, SUM
 from ringtrain.engine.socket_ring import ring_allreduce
 from tests.engine.hvd_env import fresh
-from tests.engine.test_control_plane import _mesh, _per_rank
+from tests.engine.test_control_plane import _open_mesh, _per_rank
 
 _REFERENCE = {SUM: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
 
@@ -29,16 +29,12 @@ def _ring_all(planes, inputs, op, members=None, piece_bytes=64):
 @pytest.mark.parametrize("size", [2, 3, 4])
 @pytest.mark.parametrize("numel", [1, 2, 3, 5, 97, 1000])
 def test_integer_sums_are_exact_for_every_length(size, numel):
-    planes = _mesh(size)
-    try:
+    with _open_mesh(size) as planes:
         inputs = [torch.arange(numel, dtype=torch.int64) * (r + 1) + r for r in range(size)]
         outputs = _ring_all(planes, inputs, SUM)
         expected = sum(inputs[1:], inputs[0])
         for r in range(size):
             assert torch.equal(outputs[r], expected), r
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 @pytest.mark.parametrize(
@@ -51,8 +47,7 @@ def test_integer_sums_are_exact_for_every_length(size, numel):
     ],
 )
 def test_every_op_matches_a_reduction_and_is_bit_identical(op, dtype):
-    planes = _mesh(3)
-    try:
+    with _open_mesh(3) as planes:
         gen = torch.Generator().manual_seed(7)
         # Small integers stay exact in every dtype, whatever order the ring folds them in.
         inputs = [torch.randint(-3, 4, (301,), generator=gen).to(dtype) for _ in range(3)]
@@ -63,27 +58,19 @@ def test_every_op_matches_a_reduction_and_is_bit_identical(op, dtype):
         for r in range(3):
             assert torch.equal(outputs[r], expected), (r, dtype, op)
             assert torch.equal(outputs[r].view(torch.uint8), outputs[0].view(torch.uint8))
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_random_floats_give_bit_identical_results_on_every_rank():
-    planes = _mesh(4)
-    try:
+    with _open_mesh(4) as planes:
         inputs = [torch.randn(10_007, generator=torch.Generator().manual_seed(r)) for r in range(4)]
         outputs = _ring_all(planes, inputs, SUM, piece_bytes=4096)
         for r in range(1, 4):
             assert torch.equal(outputs[r].view(torch.int32), outputs[0].view(torch.int32))
         torch.testing.assert_close(outputs[0], sum(inputs[1:], inputs[0]))
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_a_subset_of_ranks_rings_among_itself_in_set_order():
-    planes = _mesh(4)
-    try:
+    with _open_mesh(4) as planes:
         inputs = {r: torch.full((50,), float(r)) for r in range(4)}
         outputs = _ring_all(planes, inputs, SUM, members=[3, 1])
         assert set(outputs) == {1, 3}
@@ -91,57 +78,39 @@ def test_a_subset_of_ranks_rings_among_itself_in_set_order():
         # The other ranks' connections were not touched: a full-mesh exchange still lines up.
         got = _per_rank(lambda r: [bytes(m) for m in planes[r].allgather(b"%d" % r)], range(4))
         assert all(got[r] == [b"0", b"1", b"2", b"3"] for r in range(4))
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_non_contiguous_tensors_are_reduced_in_place():
-    planes = _mesh(2)
-    try:
+    with _open_mesh(2) as planes:
         bases = [torch.arange(40, dtype=torch.float32).reshape(8, 5) * (r + 1) for r in range(2)]
         columns = {r: bases[r][:, 1] for r in range(2)}
         _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], columns[r], torch.Tensor.add_), range(2))
         for r in range(2):
             assert torch.equal(bases[r][:, 1], torch.arange(1, 40, 5, dtype=torch.float32) * 3)
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_a_peer_that_closes_mid_allreduce_is_an_error_that_names_it():
-    planes = _mesh(3)
-    try:
+    with _open_mesh(3) as planes:
         planes[2].close()
         tensors = {r: torch.ones(1000) for r in range(2)}
         out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1, 2], tensors[r], _FOLD[SUM]), range(2))
         assert all(isinstance(out[r], cp.ControlPlaneError) for r in range(2)), out
         assert any("rank 2" in str(out[r]) for r in range(2)), out
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_streams_out_of_step_fail_loudly_instead_of_reducing_garbage():
-    planes = _mesh(2)
-    try:
+    with _open_mesh(2) as planes:
         tensors = {0: torch.ones(100), 1: torch.ones(101)}
         out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], tensors[r], torch.Tensor.add_), range(2))
         errors = [exc for exc in out.values() if isinstance(exc, cp.ControlPlaneError)]
         assert any("out of step" in str(exc) for exc in errors), out
-    finally:
-        for plane in planes:
-            plane.close()
 
 
 def test_a_silent_peer_times_out():
-    planes = _mesh(2, round_timeout_s=0.5)
-    try:
-        with pytest.raises(cp.ControlPlaneError, match="RINGTRAIN_ROUND_TIMEOUT_SECONDS"):
-            ring_allreduce(planes[0], [0, 1], torch.ones(10), torch.Tensor.add_)
-    finally:
-        for plane in planes:
-            plane.close()
+    with _open_mesh(2, round_timeout_s=0.5) as planes, pytest.raises(
+        cp.ControlPlaneError, match="RINGTRAIN_ROUND_TIMEOUT_SECONDS"
+    ):
+        ring_allreduce(planes[0], [0, 1], torch.ones(10), torch.Tensor.add_)
 
 
 def test_unknown_cpu_allreduce_names_the_value(monkeypatch):

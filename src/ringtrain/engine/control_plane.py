@@ -51,26 +51,25 @@ class ControlPlaneError(ConnectionError):
     """A peer closed its control connection, sent garbage, or did not answer in time."""
 
 
-def mode_from_env() -> str:
-    """``tcp`` (default) or ``gloo``, from RINGTRAIN_CONTROL_PLANE; rank 0's value decides for all."""
-    value = os.environ.get("RINGTRAIN_CONTROL_PLANE", "tcp").strip().lower() or "tcp"
-    if value not in ("tcp", "gloo"):
+def _choice_from_env(name: str, what: str, default: str, meaning: str, other: str) -> str:
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in (default, other):
         raise ValueError(
-            f"RINGTRAIN_CONTROL_PLANE={value!r} is not a control plane. "
-            "HINT: use 'tcp' (direct sockets, the default) or 'gloo'."
+            f"{name}={value!r} is not {what}. HINT: use {default!r} ({meaning}, the default) or {other!r}."
         )
     return value
+
+
+def mode_from_env() -> str:
+    """``tcp`` (default) or ``gloo``, from RINGTRAIN_CONTROL_PLANE; rank 0's value decides for all."""
+    return _choice_from_env("RINGTRAIN_CONTROL_PLANE", "a control plane", "tcp", "direct sockets", "gloo")
 
 
 def cpu_allreduce_from_env() -> str:
     """``ring`` (default) or ``gloo``, from RINGTRAIN_CPU_ALLREDUCE; rank 0's value decides for all."""
-    value = os.environ.get("RINGTRAIN_CPU_ALLREDUCE", "ring").strip().lower() or "ring"
-    if value not in ("ring", "gloo"):
-        raise ValueError(
-            f"RINGTRAIN_CPU_ALLREDUCE={value!r} is not a CPU allreduce. "
-            "HINT: use 'ring' (over the control plane's sockets, the default) or 'gloo'."
-        )
-    return value
+    return _choice_from_env(
+        "RINGTRAIN_CPU_ALLREDUCE", "a CPU allreduce", "ring", "over the control plane's sockets", "gloo"
+    )
 
 
 def node_identity() -> str:
