@@ -53,8 +53,14 @@ def test_link_is_rate_limited_by_tbf(netns_hosts: NamespaceHosts) -> None:
 def test_dead_host_names_resolve_but_do_not_answer(netns_hosts: NamespaceHosts, name: str) -> None:
     # ARP gives up after about 3 s for hostDown; hostSilent never answers, so a short timeout ends it.
     timeout = 20 if name == "hostDown" else 3
-    result = netns_hosts.run("hostA", ["ssh", "-o", f"ConnectTimeout={timeout}", "-o", "BatchMode=yes",
-                                       f"root@{name}", "true"], timeout=60)
+    resolved = netns_hosts.run("hostA", ["getent", "hosts", name], timeout=30)
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+    argv = ["ssh", "-o", f"ConnectTimeout={timeout}", "-o", "BatchMode=yes", f"root@{name}", "true"]
+    result = netns_hosts.run("hostA", argv, timeout=60)
+    if result.returncode == 255 and not result.stderr:
+        # Seen once in CI: ssh failed without a word (cause unknown, not reproduced in 11 local runs).
+        # The second attempt must say why it failed.
+        result = netns_hosts.run("hostA", argv, timeout=60)
     assert result.returncode == 255
     assert "Could not resolve" not in result.stderr
     expected = "No route to host" if name == "hostDown" else "timed out"
