@@ -1,16 +1,18 @@
 """The control plane: a mesh of plain TCP sockets that carries the engine's negotiation rounds.
 
 Every round is an all-to-all exchange of a few hundred bytes, and small CPU allreduces of the global
-set travel here too (see ``executor.mesh_fits``). Through gloo such an exchange costs
+set travel here too (see ``executor.mesh_fits``); larger CPU allreduces run as a ring over the same
+connections (``socket_ring``, which frames and paces its own transfers). Through gloo such an exchange costs
 250-500 us on a small VM, because each message passes through gloo's I/O thread and a condition
 variable before the waiting thread sees it. Over a direct socket the waiting thread is woken by the
 kernel itself: 10-50 us. Rounds sit on the critical path of every synchronous call and of every
 gradient bucket, so this is where latency is won.
 
-Only small messages travel here (the engine sends larger ones through gloo), and each peer has at most
-two messages in flight toward us (it cannot finish an exchange before reading ours), so sending
-everything before receiving cannot deadlock as long as the kernel's socket buffers hold two messages.
-The ranks agree on a message limit that guarantees this from the buffer sizes each one got.
+:meth:`ControlPlane.allgather` sends only small messages (larger exchanges go elsewhere), and each
+peer has at most two messages in flight toward us (it cannot finish an exchange before reading
+ours), so sending everything before receiving cannot deadlock as long as the kernel's socket buffers
+hold two messages. The ranks agree on a message limit that guarantees this from the buffer sizes
+each one got.
 
 A peer that dies closes its sockets, which every other rank sees as end-of-file in the same
 round, so a failure surfaces as :class:`ControlPlaneError` at once instead of at a timeout.
@@ -128,7 +130,8 @@ def candidate_addresses(main_address: str) -> list[str]:
 
 
 class ControlPlane:
-    """Sockets to every other rank; :meth:`allgather` is the only operation."""
+    """Sockets to every other rank: :meth:`allgather` for rounds and small allreduces, and the
+    connections themselves (:meth:`peer_socket`, :meth:`nonblocking`, :meth:`scratch`) for the ring."""
 
     def __init__(
         self, rank: int, size: int, peers: dict[int, socket.socket], round_timeout_s: float = 3600.0
