@@ -56,6 +56,10 @@ def test_fusion_buffer_is_reused_and_grows_to_the_largest_batch():
     larger = _fusion_buffer(groups, torch.float32, cpu, 5000)
     assert larger.numel() == 5000
     assert len(groups.buffers) == 1
+    groups.keep_bytes = 40_000
+    beyond = _fusion_buffer(groups, torch.float32, cpu, 20_000)  # 80 kB: not kept
+    assert beyond.numel() == 20_000
+    assert groups.buffers[(torch.float32, cpu)].numel() == 5000
     other = _fusion_buffer(groups, torch.float16, cpu, 10)
     assert other.dtype == torch.float16
     assert len(groups.buffers) == 2

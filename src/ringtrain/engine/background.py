@@ -161,6 +161,7 @@ class Engine:
             plane=self.plane,
             ring=self.cpu_ring,
             buffers=self._fusion_buffers,
+            keep_bytes=self.fusion_threshold,
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)

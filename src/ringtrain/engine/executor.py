@@ -65,6 +65,8 @@ class SetGroups:
     ring: bool = False
     #: Fusion buffers by (dtype, device), shared by the engine's sets (see :func:`_fusion_buffer`).
     buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict)
+    #: Largest fusion buffer kept between batches (HOROVOD_FUSION_THRESHOLD).
+    keep_bytes: int = 128 * 1024 * 1024
 
     def group(self, device: int) -> Any:
         if device < 0:
@@ -175,8 +177,11 @@ def _fusion_buffer(groups: SetGroups, dtype: torch.dtype, device: torch.device, 
 
     A fresh tensor of tens of MB costs the kernel's page faults on every step (measured: 9 ms of a
     26 MB fusion on the 2-core VM, four times the copy itself); Horovod keeps its fusion buffer too.
-    It grows to the largest batch seen, at most HOROVOD_FUSION_THRESHOLD.
+    It grows to the largest batch seen up to HOROVOD_FUSION_THRESHOLD; a larger batch (one grouped
+    request can exceed the threshold) gets a buffer of its own that is not kept.
     """
+    if numel * dtype.itemsize > groups.keep_bytes:
+        return torch.empty(numel, dtype=dtype, device=device)
     key = (dtype, device)
     held = groups.buffers.get(key)
     if held is None or held.numel() < numel:
