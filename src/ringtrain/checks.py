@@ -200,10 +200,9 @@ def check_allreduce_large(hvd: ModuleType, device: torch.device, numel: int = 1 
     """A 4 MiB Sum: large tensors take another path than small ones (the socket ring, gloo or NCCL)."""
     name = "allreduce[large]"
     size = hvd.size()
-    pattern = torch.arange(numel, device=device, dtype=torch.float32).remainder_(7)
-    # Small integers: exact in float32 whatever order the ranks' parts are added in.
-    got = hvd.allreduce(pattern + hvd.rank(), name=f"check.{name}", op=hvd.Sum)
-    return _compare(name, got, pattern * size + size * (size - 1) // 2)
+    got = hvd.allreduce(_contribution(hvd.rank(), numel, device), name=f"check.{name}", op=hvd.Sum)
+    # Rank r sends pattern + r, so the sum is size * pattern + (0 + 1 + ... + size - 1).
+    return _compare(name, got, _contribution(0, numel, device) * size + size * (size - 1) // 2)
 
 
 def check_allreduce_int(hvd: ModuleType, device: torch.device) -> CheckResult:
