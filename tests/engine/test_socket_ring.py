@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ringtrain.engine import control_plane as cp
-from ringtrain.engine.executor import _FOLD
+from ringtrain.engine.executor import _COMBINE
 from ringtrain.engine.requests import MAX, MIN, PRODUCT, SUM
 from ringtrain.engine.socket_ring import ring_allreduce
 from tests.engine.hvd_env import fresh
@@ -18,8 +18,9 @@ _REFERENCE = {SUM: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: t
 def _ring_all(planes, inputs, op, members=None, piece_bytes=64):
     members = list(range(len(planes))) if members is None else members
     outputs = {r: inputs[r].clone() for r in members}
+    combine = _COMBINE[op]
     results = _per_rank(
-        lambda r: ring_allreduce(planes[r], members, outputs[r], _FOLD[op], piece_bytes=piece_bytes), members
+        lambda r: ring_allreduce(planes[r], members, outputs[r], combine, piece_bytes=piece_bytes), members
     )
     errors = [exc for exc in results.values() if exc is not None]
     assert not errors, errors
@@ -84,7 +85,7 @@ def test_non_contiguous_tensors_are_reduced_in_place():
     with _open_mesh(2) as planes:
         bases = [torch.arange(40, dtype=torch.float32).reshape(8, 5) * (r + 1) for r in range(2)]
         columns = {r: bases[r][:, 1] for r in range(2)}
-        _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], columns[r], torch.Tensor.add_), range(2))
+        _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], columns[r], torch.add), range(2))
         for r in range(2):
             assert torch.equal(bases[r][:, 1], torch.arange(1, 40, 5, dtype=torch.float32) * 3)
 
@@ -93,7 +94,7 @@ def test_a_peer_that_closes_mid_allreduce_is_an_error_that_names_it():
     with _open_mesh(3) as planes:
         planes[2].close()
         tensors = {r: torch.ones(1000) for r in range(2)}
-        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1, 2], tensors[r], _FOLD[SUM]), range(2))
+        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1, 2], tensors[r], _COMBINE[SUM]), range(2))
         assert all(isinstance(out[r], cp.ControlPlaneError) for r in range(2)), out
         assert any("rank 2" in str(out[r]) for r in range(2)), out
 
@@ -101,7 +102,7 @@ def test_a_peer_that_closes_mid_allreduce_is_an_error_that_names_it():
 def test_streams_out_of_step_fail_loudly_instead_of_reducing_garbage():
     with _open_mesh(2) as planes:
         tensors = {0: torch.ones(100), 1: torch.ones(101)}
-        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], tensors[r], torch.Tensor.add_), range(2))
+        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1], tensors[r], torch.add), range(2))
         errors = [exc for exc in out.values() if isinstance(exc, cp.ControlPlaneError)]
         assert any("out of step" in str(exc) for exc in errors), out
 
@@ -110,7 +111,7 @@ def test_a_silent_peer_times_out():
     with _open_mesh(2, round_timeout_s=0.5) as planes, pytest.raises(
         cp.ControlPlaneError, match="RINGTRAIN_ROUND_TIMEOUT_SECONDS"
     ):
-        ring_allreduce(planes[0], [0, 1], torch.ones(10), torch.Tensor.add_)
+        ring_allreduce(planes[0], [0, 1], torch.ones(10), torch.add)
 
 
 def test_unknown_cpu_allreduce_names_the_value(monkeypatch):

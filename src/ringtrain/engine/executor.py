@@ -33,15 +33,9 @@ from ringtrain.engine.socket_ring import ring_allreduce
 _REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
 _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _HALF = {torch.float16, torch.bfloat16}
-_COMBINE = {MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
-#: In-place ``target op= received`` for the socket ring; Average is a Sum scaled afterwards.
-_FOLD = {
-    SUM: torch.Tensor.add_,
-    AVERAGE: torch.Tensor.add_,
-    MIN: lambda target, part: torch.minimum(target, part, out=target),
-    MAX: lambda target, part: torch.maximum(target, part, out=target),
-    PRODUCT: torch.Tensor.mul_,
-}
+#: Elementwise reduction of two parts, for the reductions done here rather than by gloo (the mesh and
+#: the socket ring); each takes ``out=``. Average is a Sum scaled afterwards.
+_COMBINE = {SUM: torch.add, AVERAGE: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
 #: Gathered bytes (all ranks together) up to which a CPU allreduce of the global set uses the
 #: control plane's socket mesh instead of gloo.
 MESH_ALLREDUCE_BYTES = 1024 * 1024
@@ -149,7 +143,7 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
         if ref.device < 0 and mesh_fits(groups, wire):
             mesh_allreduce(groups.plane, wire, ref.reduce_op)
         elif ref.device < 0 and groups.ring:
-            ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), _FOLD[ref.reduce_op])
+            ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), _COMBINE[ref.reduce_op])
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)

@@ -25,6 +25,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,23 +40,25 @@ _STEP_HEADER = struct.Struct("<Q")
 _POLL_OUT = select.POLLOUT
 _POLL_IN = select.POLLIN | select.POLLPRI
 
-Fold = Callable[[torch.Tensor, torch.Tensor], Any]
+#: ``combine(a, b, out=...)``: an elementwise reduction such as ``torch.add``.
+Combine = Callable[..., torch.Tensor]
 
 
 def ring_allreduce(
-    plane: Any, members: Sequence[int], flat: torch.Tensor, fold: Fold, piece_bytes: int = PIECE_BYTES
+    plane: Any, members: Sequence[int], flat: torch.Tensor, combine: Combine, piece_bytes: int = PIECE_BYTES
 ) -> None:
     """Allreduce the 1-D CPU tensor ``flat`` in place among ``members`` (global ranks, set order).
 
-    ``fold(target, received)`` combines a received piece into the matching slice of ``flat`` in place
-    (``Tensor.add_`` for a sum). Every member calls this with the same shape, dtype and members.
+    ``combine`` reduces two tensors elementwise (``torch.add`` for a sum); received pieces are folded
+    into the matching slice of ``flat`` with ``out=`` that slice. Every member calls this with the same
+    shape, dtype and members.
     """
     count = len(members)
     if count < 2 or flat.numel() == 0:
         return
     if not flat.is_contiguous():
         work = flat.contiguous()
-        ring_allreduce(plane, members, work, fold, piece_bytes)
+        ring_allreduce(plane, members, work, combine, piece_bytes)
         flat.copy_(work)
         return
     me = members.index(plane.rank)
@@ -84,7 +87,7 @@ def ring_allreduce(
                 hi = min(lo + piece_elements, recv_hi)
                 target = flat[lo:hi]
                 part = scratch[: hi - lo]
-                pieces.append((scratch_raw[: (hi - lo) * item], lambda t=target, p=part: fold(t, p)))
+                pieces.append((scratch_raw[: (hi - lo) * item], partial(combine, target, part, out=target)))
             outgoing = raw[send_lo * item : send_hi * item]
             _transfer(links, outgoing, pieces, (recv_hi - recv_lo) * item, deadline)
         for step in range(count - 1):
