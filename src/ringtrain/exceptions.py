@@ -1,6 +1,70 @@
-"""Errors that Horovod scripts catch by name (``horovod.common.exceptions``)."""
+"""Every error type ringtrain raises on purpose, in one place.
+
+The tree::
+
+    Exception
+    ├── ValueError                        bad input: the message names the value and ends with HINT:
+    │   ├── UsageError                    a command-line request that cannot work (CLI exit code 2)
+    │   ├── SettingError                  a HOROVOD_* / RINGTRAIN_* variable with a bad value
+    │   ├── ClusterEnvironmentError       a scheduler's variables are inconsistent or incomplete
+    │   ├── DataError                     a dataset cannot be read (missing, wrong format, bad checksum)
+    │   ├── UnknownWorkloadError          an unknown workload name (also a KeyError)
+    │   ├── JobError                      bad input to a training job
+    │   └── SnapshotError                 a snapshot that cannot be resumed (damaged, foreign, other model)
+    ├── ConnectionError
+    │   └── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
+    └── RuntimeError
+        ├── HorovodInternalError          a collective failed; elastic training restores and retries
+        └── HostsUpdatedInterrupt         the set of hosts changed; elastic training re-initializes
+
+Horovod scripts import the last two from ``horovod.common.exceptions`` (the shim maps that module
+here). The others are also importable from the modules that raise them (``ringtrain.cli.errors``,
+``ringtrain.workloads``, ``ringtrain.train.snapshots`` ...), where earlier releases defined them.
+"""
 
 from __future__ import annotations
+
+
+class UsageError(ValueError):
+    """The user asked for something that cannot work; the message names the value and the fix."""
+
+
+class SettingError(ValueError):
+    """An environment variable (a ``HOROVOD_*`` or ``RINGTRAIN_*`` knob) holds a value that cannot work.
+
+    The message names the variable, the value, the unit and what is allowed.
+    """
+
+
+class ClusterEnvironmentError(ValueError):
+    """An environment was detected but its variables are inconsistent or incomplete."""
+
+
+class DataError(ValueError):
+    """A dataset cannot be read: missing folder, wrong file format, bad checksum.
+
+    The message names the path and ends with ``HINT:`` and the fix.
+    """
+
+
+class UnknownWorkloadError(KeyError, ValueError):
+    """An unknown workload name (a KeyError and a ValueError, so either ``except`` catches it)."""
+
+    def __str__(self) -> str:
+        # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+class JobError(ValueError):
+    """Bad input to a training job (the message names the value and ends with ``HINT:``)."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be resumed: damaged, foreign, or from another model."""
+
+
+class ControlPlaneError(ConnectionError):
+    """A peer closed its control connection, sent garbage, or did not answer in time."""
 
 
 class HorovodInternalError(RuntimeError):
@@ -21,4 +85,15 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]
+__all__ = [
+    "ClusterEnvironmentError",
+    "ControlPlaneError",
+    "DataError",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "JobError",
+    "SettingError",
+    "SnapshotError",
+    "UnknownWorkloadError",
+    "UsageError",
+]

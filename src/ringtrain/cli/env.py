@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from ringtrain.env import ENVIRONMENTS, EnvironmentError_, detect_environment
+from ringtrain.env import ENVIRONMENTS, ClusterEnvironmentError, detect_environment
 
 #: Placement fields in print order, with their labels.
 _LABELS = (("rank", "rank"), ("world_size", "world size"), ("local_rank", "local rank"),
@@ -51,7 +51,7 @@ def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
     }
     try:
         result["placement"] = dataclasses.asdict(env.placement())
-    except EnvironmentError_ as exc:
+    except ClusterEnvironmentError as exc:
         result["error"] = str(exc)
     return result
 

@@ -1,5 +1,8 @@
-"""Errors the command line turns into a message and exit code 2, without a traceback."""
+"""Errors the command line turns into a message and exit code 2, without a traceback.
 
+Defined in :mod:`ringtrain.exceptions`; importable here as before.
+"""
 
-class UsageError(ValueError):
-    """The user asked for something that cannot work; the message names the value and the fix."""
+from ringtrain.exceptions import UsageError
+
+__all__ = ["UsageError"]

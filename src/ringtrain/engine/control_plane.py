@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ringtrain.exceptions import ControlPlaneError
+
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
 #: buffers are small (see ``max_message``); larger exchanges go through gloo.
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -47,10 +49,6 @@ _HELLO = struct.Struct("<8s32sI")
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _SIOCGIFADDR = 0x8915
-
-
-class ControlPlaneError(ConnectionError):
-    """A peer closed its control connection, sent garbage, or did not answer in time."""
 
 
 def _choice_from_env(name: str, what: str, default: str, meaning: str, other: str) -> str:

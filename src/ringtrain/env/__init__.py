@@ -53,6 +53,7 @@ from ringtrain.env.slurm import (
     parse_tasks_per_node,
 )
 from ringtrain.env.torchrun import EnvVarsEnvironment, TorchElasticEnvironment
+from ringtrain.exceptions import ClusterEnvironmentError
 
 #: Detection order; the first class whose ``detect`` is true wins.
 ENVIRONMENTS: list[type[ClusterEnvironment]] = [
@@ -84,6 +85,7 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvir
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "ClusterEnvironmentError",
     "EnvVarsEnvironment",
     "EnvironmentError_",
     "HorovodEnvironment",

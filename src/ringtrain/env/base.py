@@ -10,9 +10,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ringtrain.exceptions import ClusterEnvironmentError
 
-class EnvironmentError_(ValueError):
-    """An environment was detected but its variables are inconsistent or incomplete."""
+#: The name earlier releases used; :class:`ringtrain.exceptions.ClusterEnvironmentError` is the type.
+EnvironmentError_ = ClusterEnvironmentError
 
 
 @dataclass(frozen=True)

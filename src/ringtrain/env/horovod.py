@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ringtrain.env.base import LOOPBACK, ClusterEnvironment, EnvironmentError_, read_int, read_port
+from ringtrain.env.base import LOOPBACK, ClusterEnvironment, read_int, read_port
+from ringtrain.exceptions import ClusterEnvironmentError
 
 _VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
          "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_CONTROLLER", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
@@ -72,7 +73,7 @@ class HorovodEnvironment(ClusterEnvironment):
             return LOOPBACK
         address = self.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "").strip()
         if not address:
-            raise EnvironmentError_(
+            raise ClusterEnvironmentError(
                 f"horovod: {self.world_size()} workers span several hosts but neither MASTER_ADDR nor "
                 "HOROVOD_GLOO_RENDEZVOUS_ADDR is set. HINT: export MASTER_ADDR=<host of rank 0>.")
         return address

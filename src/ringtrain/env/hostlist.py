@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ringtrain.env.base import EnvironmentError_
+from ringtrain.exceptions import ClusterEnvironmentError
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -22,15 +22,16 @@ def _split_top_level(text: str) -> list[str]:
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise EnvironmentError_(f"node list {text!r} has a ']' without '['. HINT: pass the value "
-                                        "of SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
+                raise ClusterEnvironmentError(
+                    f"node list {text!r} has a ']' without '['. HINT: pass the value "
+                    "of SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
         if ch == "," and depth == 0:
             parts.append("".join(current))
             current = []
         else:
             current.append(ch)
     if depth:
-        raise EnvironmentError_(f"node list {text!r} has an unclosed '['. HINT: pass the value of "
+        raise ClusterEnvironmentError(f"node list {text!r} has an unclosed '['. HINT: pass the value of "
                                 "SLURM_JOB_NODELIST unchanged, e.g. node[01-04,07].")
     parts.append("".join(current))
     return [p.strip() for p in parts if p.strip()]
@@ -42,11 +43,12 @@ def _expand_ranges(text: str, body: str) -> list[str]:
     for item in body.split(","):
         match = _RANGE.match(item.strip())
         if not match:
-            raise EnvironmentError_(f"node list {text!r}: {item!r} is not a number or a range like 01-04. "
-                                    "HINT: pass the value of SLURM_JOB_NODELIST unchanged.")
+            raise ClusterEnvironmentError(
+                f"node list {text!r}: {item!r} is not a number or a range like 01-04. "
+                "HINT: pass the value of SLURM_JOB_NODELIST unchanged.")
         start, end = match.group(1), match.group(2) or match.group(1)
         if int(end) < int(start):
-            raise EnvironmentError_(f"node list {text!r}: range {item!r} runs backwards. "
+            raise ClusterEnvironmentError(f"node list {text!r}: range {item!r} runs backwards. "
                                     "HINT: write ranges low-high, e.g. 01-04.")
         width = len(start)
         out.extend(str(n).zfill(width) for n in range(int(start), int(end) + 1))
@@ -68,7 +70,7 @@ def expand_nodelist(text: str) -> list[str]:
     """Expand a Slurm host list: ``node[01-03,07],gpu-a1`` -> ``node01 node02 node03 node07 gpu-a1``.
 
     Handles several groups, zero padding, dashes in prefixes, several bracket groups in one name and
-    plain comma-separated lists. Raises :class:`EnvironmentError_` (a ``ValueError``) on malformed text.
+    plain comma-separated lists. Raises :class:`ClusterEnvironmentError` (a ``ValueError``) on malformed text.
     """
     hosts: list[str] = []
     for entry in _split_top_level(text.strip()):
@@ -82,7 +84,7 @@ def parse_tasks_per_node(text: str) -> list[int]:
     for item in text.strip().split(","):
         match = _TASKS.match(item.strip())
         if not match:
-            raise EnvironmentError_(f"tasks per node {text!r}: {item!r} is not N or N(xM). "
+            raise ClusterEnvironmentError(f"tasks per node {text!r}: {item!r} is not N or N(xM). "
                                     "HINT: pass the value of SLURM_TASKS_PER_NODE unchanged, e.g. 4(x2),2.")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from ringtrain.env.base import (
     LOOPBACK,
     ClusterEnvironment,
-    EnvironmentError_,
     port_from_job_id,
     read_int,
     same_host,
 )
 from ringtrain.env.pbs import nodefile_lines
+from ringtrain.exceptions import ClusterEnvironmentError
 
 _VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE",
          "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -69,7 +69,7 @@ class LsfEnvironment(ClusterEnvironment):
         for index, host in enumerate(hosts):
             if same_host(host, me):
                 return index
-        raise EnvironmentError_(f"lsf: this host {me!r} is not in LSB_DJOB_RANKFILE ({hosts}). "
+        raise ClusterEnvironmentError(f"lsf: this host {me!r} is not in LSB_DJOB_RANKFILE ({hosts}). "
                                 "HINT: run inside the LSF job, or unset stale LSB_* variables.")
 
     def default_main_address(self) -> str:

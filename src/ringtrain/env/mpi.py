@@ -32,10 +32,10 @@ from ringtrain.env.base import (
     DEFAULT_PORT,
     LOOPBACK,
     ClusterEnvironment,
-    EnvironmentError_,
     port_from_job_id,
     read_int,
 )
+from ringtrain.exceptions import ClusterEnvironmentError
 
 
 class MpiEnvironment(ClusterEnvironment):
@@ -64,7 +64,7 @@ class MpiEnvironment(ClusterEnvironment):
     def _read(self, names: tuple[str, ...], what: str) -> int:
         name = self._first(names)
         if name is None:
-            raise EnvironmentError_(f"{self.name}: no variable gives the {what} (looked for "
+            raise ClusterEnvironmentError(f"{self.name}: no variable gives the {what} (looked for "
                                     f"{', '.join(names)}). HINT: export {names[-1]}=<integer>.")
         return read_int(self.environ, name)
 
@@ -114,7 +114,7 @@ class MpiEnvironment(ClusterEnvironment):
         hosts = allocation_hosts(self.environ)
         address = hosts[0] if hosts else self.launcher_main_address()
         if not address:
-            raise EnvironmentError_(
+            raise ClusterEnvironmentError(
                 f"{self.name}: the {self.world_size()} processes span several nodes and nothing says where "
                 "rank 0 runs (no MASTER_ADDR, no Slurm/PBS/LSF allocation). HINT: export MASTER_ADDR=<host "
                 "of rank 0> to every process, e.g. mpirun -x MASTER_ADDR=$(hostname) ...")
@@ -137,7 +137,7 @@ class MpiEnvironment(ClusterEnvironment):
         try:
             guessed = self.local_values_guessed and self.world_size() > 1
             local = self.local_world_size() if guessed else 0
-        except EnvironmentError_:
+        except ClusterEnvironmentError:
             return warnings  # already reported by the shared checks
         if guessed:
             warnings.append(f"{self.name}: the launcher gave no local size; assuming {local} processes per "

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ringtrain.env.base import LOOPBACK, ClusterEnvironment, EnvironmentError_, port_from_job_id, read_int
+from ringtrain.env.base import LOOPBACK, ClusterEnvironment, port_from_job_id, read_int
+from ringtrain.exceptions import ClusterEnvironmentError
 
 _VARS = ("PBS_JOBID", "PBS_NODEFILE", "PBS_TASKNUM", "PBS_VNODENUM", "PBS_NODENUM", "PBS_NUM_NODES",
          "PBS_NUM_PPN", "PBS_NP", "PBS_O_WORKDIR", "PBS_ENVIRONMENT", "MASTER_ADDR", "MASTER_PORT")
@@ -31,7 +32,7 @@ def nodefile_lines(path: str | Path) -> list[str]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise EnvironmentError_(f"cannot read the node file {str(path)!r}: {exc.strerror}. HINT: run "
+        raise ClusterEnvironmentError(f"cannot read the node file {str(path)!r}: {exc.strerror}. HINT: run "
                                 "inside the job (PBS_NODEFILE is only valid there) or pass an existing "
                                 "host file.") from None
     lines: list[str] = []
@@ -48,7 +49,7 @@ def nodefile_lines(path: str | Path) -> list[str]:
             if word.startswith("slots="):
                 value = word.partition("=")[2]
                 if not value.isdigit() or int(value) < 1:
-                    raise EnvironmentError_(f"{path}:{number}: {raw.strip()!r} has slots={value!r}. "
+                    raise ClusterEnvironmentError(f"{path}:{number}: {raw.strip()!r} has slots={value!r}. "
                                             "HINT: write a positive whole number, e.g. node1 slots=4.")
                 slots = int(value)
         lines.extend([host] * slots)
@@ -100,7 +101,7 @@ class PbsEnvironment(ClusterEnvironment):
     def _my_slot(self) -> int:
         slot = read_int(self.environ, "PBS_VNODENUM")
         if not 0 <= slot < len(self.slots()):
-            raise EnvironmentError_(f"pbs: PBS_VNODENUM={slot} is not a line of the node file "
+            raise ClusterEnvironmentError(f"pbs: PBS_VNODENUM={slot} is not a line of the node file "
                                     f"({len(self.slots())} lines). HINT: unset stale PBS_* variables.")
         return slot
 
@@ -152,7 +153,7 @@ class PbsEnvironment(ClusterEnvironment):
         try:
             alone = self.script_without_launcher
             slots = len(self.slots())
-        except EnvironmentError_ as exc:
+        except ClusterEnvironmentError as exc:
             return [*warnings, str(exc)]
         if alone:
             warnings.append(f"pbs: the job holds {slots} slots but this is the job script, one process "

@@ -24,12 +24,12 @@ from collections.abc import Mapping
 from ringtrain.env.base import (
     LOOPBACK,
     ClusterEnvironment,
-    EnvironmentError_,
     port_from_job_id,
     read_int,
     same_host,
 )
 from ringtrain.env.hostlist import expand_nodelist, parse_tasks_per_node
+from ringtrain.exceptions import ClusterEnvironmentError
 
 __all__ = ["SlurmEnvironment", "SlurmShellEnvironment", "expand_nodelist", "parse_tasks_per_node"]
 
@@ -124,8 +124,9 @@ class SlurmEnvironment(ClusterEnvironment):
             return hosts[0]
         if self.num_nodes() == 1:
             return LOOPBACK
-        raise EnvironmentError_("slurm: no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST to find rank 0's host. "
-                                "HINT: export MASTER_ADDR=<host of rank 0>.")
+        raise ClusterEnvironmentError(
+            "slurm: no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST to find rank 0's host. "
+            "HINT: export MASTER_ADDR=<host of rank 0>.")
 
     def default_main_port(self) -> int:
         job = _job_id(self.environ)
@@ -146,7 +147,7 @@ class SlurmEnvironment(ClusterEnvironment):
                                 "HINT: unset stale SLURM_* variables copied from another job.")
             theirs = {"SLURM_PROCID": self.global_rank(), "SLURM_NTASKS": self.world_size(),
                       "SLURM_LOCALID": self.local_rank()}
-        except EnvironmentError_ as exc:
+        except ClusterEnvironmentError as exc:
             return [*warnings, str(exc)]
         for torch_name, slurm_name in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"),
                                        ("LOCAL_RANK", "SLURM_LOCALID")):
@@ -216,7 +217,7 @@ class SlurmShellEnvironment(ClusterEnvironment):
         try:
             missing = self.batch_without_srun
             tasks = self.allocated_tasks
-        except EnvironmentError_ as exc:
+        except ClusterEnvironmentError as exc:
             return [*warnings, str(exc)]
         if missing:
             warnings.append(f"slurm: the job has SLURM_NTASKS={tasks} but this process was not started by "

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ringtrain.env.base import ClusterEnvironment, EnvironmentError_, read_int
+from ringtrain.env.base import ClusterEnvironment, read_int
+from ringtrain.exceptions import ClusterEnvironmentError
 
 _TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK",
                "GROUP_WORLD_SIZE", "NODE_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -70,7 +71,7 @@ class EnvVarsEnvironment(ClusterEnvironment):
         slurm_tasks = _slurm_step_tasks(self.environ)
         try:
             size = self.world_size()
-        except EnvironmentError_:
+        except ClusterEnvironmentError:
             return warnings
         if slurm_tasks > 1 and size < slurm_tasks:
             warnings.append(f"{self.name}: WORLD_SIZE={size} is smaller than the {slurm_tasks} tasks of this "
@@ -82,7 +83,7 @@ class EnvVarsEnvironment(ClusterEnvironment):
     def _single_node_or_unknown(self) -> bool:
         try:
             return self.num_nodes() <= 1 or self.is_single_node()
-        except EnvironmentError_:
+        except ClusterEnvironmentError:
             return True
 
 
@@ -101,7 +102,7 @@ class TorchElasticEnvironment(EnvVarsEnvironment):
         if slurm_tasks > 1 and "GROUP_WORLD_SIZE" in self.environ:
             try:
                 agents = self.num_nodes()
-            except EnvironmentError_:
+            except ClusterEnvironmentError:
                 return warnings
             if agents < slurm_tasks:
                 warnings.append(

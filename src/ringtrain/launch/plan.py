@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ringtrain.cli.errors import UsageError
-from ringtrain.env.base import EnvironmentError_, port_from_job_id
+from ringtrain.env.base import port_from_job_id
 from ringtrain.env.pbs import hosts_from_nodefile
 from ringtrain.env.slurm import expand_nodelist, parse_tasks_per_node
+from ringtrain.exceptions import ClusterEnvironmentError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 
@@ -105,7 +106,7 @@ def _tasks_per_node(environ: Mapping[str, str]) -> int | None:
     text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
     try:
         counts = parse_tasks_per_node(text) if text else []
-    except EnvironmentError_:
+    except ClusterEnvironmentError:
         return None
     return max(counts) if counts else None
 

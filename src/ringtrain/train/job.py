@@ -22,15 +22,12 @@ from typing import Any
 
 import torch
 
+from ringtrain.exceptions import JobError, SnapshotError
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.metrics import EpochResult
-from ringtrain.train.snapshots import SnapshotError, SnapshotManager
+from ringtrain.train.snapshots import SnapshotManager
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
-
-
-class JobError(ValueError):
-    """Bad input to a training job (the message names the value and ends with ``HINT:``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,15 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ringtrain.exceptions import SnapshotError
+
 log = logging.getLogger(__name__)
 
 FORMAT = "ringtrain-snapshot-1"
 _NAME = re.compile(r"^snapshot-(\d{9,})\.pt$")
 _TEMP_PREFIX = ".snapshot-"
-
-
-class SnapshotError(ValueError):
-    """A snapshot that cannot be resumed: damaged, foreign, or from another model."""
 
 
 def model_fingerprint(model: nn.Module) -> str:

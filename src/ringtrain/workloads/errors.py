@@ -1,8 +1,5 @@
-"""The one error type of the workloads package."""
+"""The one error type of the workloads package, defined in :mod:`ringtrain.exceptions`."""
 
+from ringtrain.exceptions import DataError
 
-class DataError(ValueError):
-    """A dataset cannot be read: missing folder, wrong file format, bad checksum.
-
-    The message names the path and ends with ``HINT:`` and the fix.
-    """
+__all__ = ["DataError"]

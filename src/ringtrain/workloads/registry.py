@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from ringtrain.exceptions import UnknownWorkloadError
 from ringtrain.workloads.base import Workload
 from ringtrain.workloads.cifar import Cifar10Workload
 from ringtrain.workloads.mnist import FashionMnistWorkload, MnistWorkload
@@ -20,14 +21,6 @@ WORKLOADS: Mapping[str, Callable[..., Workload]] = MappingProxyType({
     "synthetic-ratings": SyntheticRatingsWorkload,
 })
 """Workload name -> class; ``get_workload`` is the usual way in."""
-
-
-class UnknownWorkloadError(KeyError, ValueError):
-    """An unknown workload name (a KeyError and a ValueError, so either ``except`` catches it)."""
-
-    def __str__(self) -> str:
-        # KeyError would print the message in quotes
-        return str(self.args[0])
 
 
 def get_workload(name: str, **options: object) -> Workload:
