@@ -8,7 +8,6 @@ name (``allreduce.<name>``, ``allreduce.noname.<handle>`` when unnamed), not by 
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,8 +29,9 @@ from ringtrain.engine.requests import (
     RequestMeta,
     dtype_name,
 )
+from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import rendezvous
-from ringtrain.exceptions import HorovodInternalError
+from ringtrain.exceptions import HorovodInternalError, SettingError
 from ringtrain.process_sets import (
     ProcessSet,
     add_process_set,
@@ -94,7 +94,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start the engine (rendezvous, control and data groups, background thread).
 
     A second call while initialized does nothing. ``process_sets`` may be a list of
-    :class:`ProcessSet` (registered statically, same list on all ranks) or ``"dynamic"``.
+    :class:`ProcessSet` (registered statically, same list on all ranks) or ``"dynamic"``. The
+    ``HOROVOD_*`` / ``RINGTRAIN_*`` variables are read here, once (see docs/settings.md).
     """
     global _atexit_registered
     if state.engine is not None and not state.engine.stopped:
@@ -119,10 +120,11 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         state.dynamic_sets = True
     elif process_sets is not None:
         static = list(process_sets)
+    settings = Settings.from_environ()
     try:
-        world = rendezvous()
+        world = rendezvous(settings.gloo_timeout_s)
         register_static(static, world.size)
-        engine = Engine(world, [ps.ranks for ps in static])
+        engine = Engine(world, settings, [ps.ranks for ps in static])
     except ValueError:
         raise
     except Exception as exc:
@@ -134,10 +136,15 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     for set_id, ps in enumerate(static, start=1):
         ps.process_set_id = set_id
         state.registered[set_id] = ps
-    timeline = os.environ.get("HOROVOD_TIMELINE", "")
-    state.timeline_enabled = "HOROVOD_TIMELINE" in os.environ
+    timeline = settings.timeline
     if timeline and timeline != "DYNAMIC" and world.rank == 0:
-        engine.timeline.start(timeline, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "") in ("1", "true"))
+        try:
+            engine.timeline.start(timeline, settings.timeline_mark_cycles)
+        except OSError as exc:
+            raise SettingError(
+                f"HOROVOD_TIMELINE={timeline!r}: rank 0 cannot write the timeline there ({exc.strerror}). "
+                "HINT: name a file in an existing, writable folder, or unset HOROVOD_TIMELINE."
+            ) from exc
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
@@ -261,7 +268,7 @@ def rocm_built() -> bool:
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a Chrome-trace timeline (rank 0); needs HOROVOD_TIMELINE set at init."""
     engine = state.require()
-    if not state.timeline_enabled:
+    if engine.settings.timeline is None:
         raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
     if engine.rank == 0:
         engine.timeline.start(file_path, mark_cycles)
@@ -270,7 +277,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Stop and close the timeline file."""
     engine = state.require()
-    if not state.timeline_enabled:
+    if engine.settings.timeline is None:
         raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
     engine.timeline.stop()
 

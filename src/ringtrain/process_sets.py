@@ -6,7 +6,6 @@ ranks. Ranks are global ranks, kept sorted; ``rank()`` is the position inside th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,7 +66,7 @@ global_process_set.process_set_id = 0
 
 
 def _dynamic_enabled() -> bool:
-    return state.dynamic_sets or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "") in ("1", "true", "True")
+    return state.dynamic_sets or state.require().settings.dynamic_process_sets
 
 
 def _find_duplicate(ranks: list[int]) -> Any:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +122,53 @@ def test_kinds_describe_units_and_choices():
             assert knob.unit in knob.kind.requirement()
         if isinstance(knob.kind, Choice):
             assert all(repr(option) in knob.kind.requirement() for option in knob.kind.options)
+#: Modules that set these variables for other processes (the launcher), not read them for themselves.
+_WRITERS = ("launch/", "cli/", "shim/")
+
+
+def test_no_module_but_settings_reads_a_knob():
+    """Every knob has one reader: nothing else in the package reads these variables."""
+    readers = []
+    for path in sorted((REPO / "src" / "ringtrain").rglob("*.py")):
+        relative = path.relative_to(REPO / "src" / "ringtrain").as_posix()
+        if relative == "engine/settings.py" or relative.startswith(_WRITERS):
+            continue
+        text = path.read_text()
+        for knob in knobs():
+            name = re.escape(knob.variable)
+            read = (rf"(environ\.get\(\s*|getenv\(\s*|environ\[\s*)[\"']{name}[\"']"
+                    rf"|[\"']{name}[\"']\s+(not\s+)?in\s+\w*\.?environ")
+            if re.search(read, text):
+                readers.append(f"{relative}: {knob.variable}")
+    assert readers == [], "read the value from the Settings object instead"
+
+
+#: The engine and the Horovod API: only the settings module reads the environment (and the store,
+#: for torchrun's TORCHELASTIC_USE_AGENT_STORE, which is a fact about the launch, not a knob).
+_API = ("engine/", "elastic/", "mpi_ops.py", "optimizer.py", "functions.py", "compression.py",
+        "process_sets.py", "sync_batch_norm.py", "ops/")
+_ENVIRON_READERS = {"engine/settings.py", "engine/store.py"}
+
+
+def test_engine_and_api_modules_do_not_read_the_environment():
+    found = set()
+    for path in sorted((REPO / "src" / "ringtrain").rglob("*.py")):
+        relative = path.relative_to(REPO / "src" / "ringtrain").as_posix()
+        lines = [line for line in path.read_text().splitlines() if re.search(r"os\.environ|getenv\(", line)]
+        if relative.startswith(_API) and lines:
+            found.add(relative)
+        if relative == "engine/store.py":
+            assert all("TORCHELASTIC_USE_AGENT_STORE" in line for line in lines)
+    assert found == _ENVIRON_READERS
+
+
+def test_init_refuses_a_bad_knob_before_touching_the_network():
+    """hvd.init() reads the settings first: a bad value stops it with the clear error, no rendezvous."""
+    script = ("import ringtrain as hvd\ntry:\n    hvd.init()\n"
+              "except ValueError as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "RINGTRAIN_"))}
+    env.update(PYTHONPATH=str(REPO / "src"), RINGTRAIN_ROUND_TIMEOUT_SECONDS="0",
+               MASTER_ADDR="192.0.2.1", MASTER_PORT="9", RANK="0", WORLD_SIZE="2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.startswith("SettingError RINGTRAIN_ROUND_TIMEOUT_SECONDS='0' is out of range"), out

@@ -8,6 +8,7 @@ import torch
 from ringtrain.engine import control_plane as cp
 from ringtrain.engine.executor import _COMBINE
 from ringtrain.engine.requests import MAX, MIN, PRODUCT, SUM
+from ringtrain.engine.settings import Settings
 from ringtrain.engine.socket_ring import ring_allreduce
 from tests.engine.hvd_env import fresh
 from tests.engine.test_control_plane import _open_mesh, _per_rank
@@ -117,7 +118,7 @@ def test_a_silent_peer_times_out():
 def test_unknown_cpu_allreduce_names_the_value(monkeypatch):
     monkeypatch.setenv("RINGTRAIN_CPU_ALLREDUCE", "nccl")
     with pytest.raises(ValueError, match="RINGTRAIN_CPU_ALLREDUCE='nccl'.*HINT"):
-        cp.cpu_allreduce_from_env()
+        Settings.from_environ().cpu_allreduce
 
 
 def _large_allreduces(mode: str) -> list:

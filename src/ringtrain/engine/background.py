@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,8 +31,9 @@ from ringtrain.engine.executor import (
 from ringtrain.engine.fusion import fusion_key, plan_batches
 from ringtrain.engine.handles import HandleManager
 from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
+from ringtrain.engine.settings import Settings
 from ringtrain.engine.stall import StallInspector
-from ringtrain.engine.store import World, env_seconds, make_gloo_group, make_nccl_group
+from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
 from ringtrain.engine.timeline import Timeline
 from ringtrain.exceptions import HorovodInternalError
 
@@ -71,35 +71,30 @@ def _display(ident: tuple[int, str]) -> str:
     return key if set_id == 0 else f"{key} (process set {set_id})"
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(float(value))
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer. HINT: set {name} to a whole number.") from None
-
-
 class Engine:
     """One per initialized process: owns the control group, data groups and the background thread."""
 
-    def __init__(self, world: World, static_sets: list[list[int]] | None = None) -> None:
+    def __init__(self, world: World, settings: Settings, static_sets: list[list[int]] | None = None) -> None:
         self.world = world
+        self.settings = settings
         self.rank, self.size = world.rank, world.size
         self.handles = HandleManager()
-        self.cache = ResponseCache(_env_int("HOROVOD_CACHE_CAPACITY", 1024))
-        self.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024)
-        self.cycle_time = env_seconds("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
-        self.stall = StallInspector()
+        self.cache = ResponseCache(settings.cache_capacity)
+        self.fusion_threshold = settings.fusion_threshold_bytes
+        self.cycle_time = settings.cycle_time_ms / 1000.0
+        self.stall = StallInspector(
+            settings.stall_check_time_s, settings.stall_shutdown_time_s, settings.stall_check_disable
+        )
         self.timeline = Timeline()
         # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead
         # peer is detected by the broken connection, not by this timeout.
-        round_timeout = env_seconds("RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0)
-        self.ctrl = make_gloo_group(world, "control", list(range(self.size)), timeout_s=round_timeout)
+        round_timeout = settings.round_timeout_s
+        self.ctrl = make_gloo_group(
+            world, "control", list(range(self.size)), round_timeout, settings.gloo_socket_ifname
+        )
         self.plane = self._connect_plane(round_timeout)
-        self.cpu_ring = self.plane is not None and self._agree("ctrl/cpu_allreduce",
-                                                               control_plane.cpu_allreduce_from_env) == "ring"
+        ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
+        self.cpu_ring = ring == "ring"
         self.sets: dict[int, SetGroups] = {}
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._next_set_id = 0
@@ -120,7 +115,7 @@ class Engine:
         self._round_lock = threading.Lock()
         self._drivers = 0
         self._last_state: tuple[bool, bool, bool, bool] = (False, False, False, False)
-        self.eager_budget = _env_int("RINGTRAIN_EAGER_ELEMENTS", 2048)
+        self.eager_budget = settings.eager_elements
         self._eager: dict[int, tuple[int, int]] = {}
         self._eager_size = 0
         self._eager_version = -1
@@ -133,7 +128,6 @@ class Engine:
         self._joined_prev: set[int] = set()
         self._join_order: list[int] = []
         self._backoff = self.cycle_time
-        self._last_flags: list[int] = [0] * self.size
 
         self._thread = threading.Thread(target=self._main, name="ringtrain-engine", daemon=True)
         self._thread.start()
@@ -144,19 +138,19 @@ class Engine:
         set_id = self._next_set_id
         self._next_set_id += 1
         tag = f"set{set_id}"
-        world = self.world
+        world, timeout = self.world, self.settings.gloo_timeout_s
         gloo = None
         if set_id == 0:
             # The global set's data runs on the control group: the same thread issues both, in the
             # agreed order, and staying on one group keeps gloo's worker threads warm.
             gloo = self.ctrl
         elif self.rank in ranks:
-            gloo = make_gloo_group(world, tag, ranks)
+            gloo = make_gloo_group(world, tag, ranks, timeout, self.settings.gloo_socket_ifname)
         groups = SetGroups(
             set_id=set_id,
             ranks=list(ranks),
             gloo=gloo,
-            make_nccl=lambda: make_nccl_group(world, tag, list(ranks)),
+            make_nccl=lambda: make_nccl_group(world, tag, list(ranks), timeout),
             # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
             plane=self.plane,
             ring=self.cpu_ring,
@@ -175,7 +169,7 @@ class Engine:
         store = self.world.store
 
         def mode() -> str:
-            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else control_plane.mode_from_env()
+            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else self.settings.control_plane
 
         if self._agree("ctrl/mode", mode) != "tcp":
             return None
@@ -184,8 +178,9 @@ class Engine:
             self.rank,
             self.size,
             self.world.main_address,
-            timeout_s=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0),
+            timeout_s=self.settings.gloo_timeout_s,
             round_timeout_s=round_timeout,
+            interfaces=self.settings.gloo_socket_ifname,
         )
 
     def _agree(self, key: str, choose: Callable[[], str]) -> str:
