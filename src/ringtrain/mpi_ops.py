@@ -1107,12 +1107,22 @@ def poll(handle: int) -> bool:
 
 
 def synchronize(handle: int) -> Any:
-    """Wait for ``handle`` and return its output (tensor, tuple, (output, splits), int or None)."""
+    """Wait for ``handle`` and return its output (tensor, tuple, (output, splits), int or None).
+
+    A handle already synchronized gives None, as in Horovod; one that no call of this ``init()``
+    returned is refused.
+    """
     engine = state.engine
     if engine is None:
         return None
     entry = engine.handles.get(handle)
     if entry is None:
+        if not engine.handles.issued(handle):
+            raise ValueError(
+                f"synchronize({handle!r}): no operation was started with this handle. HINT: pass a "
+                "handle returned by an *_async call since the last hvd.init() (handles restart at 0 "
+                "after hvd.shutdown())."
+            )
         return None
     engine.wait(handle)
     engine.handles.discard(handle)
