@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ringtrain import mpi_ops
-from ringtrain.compression import Compression, Compressor, _CastCompressor
+from ringtrain.compression import CastCompressor, Compression, Compressor
 from ringtrain.engine import state
 from ringtrain.functions import broadcast_object
 from ringtrain.process_sets import ProcessSet, global_process_set
@@ -249,7 +249,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         decompress = self._compression.decompress
         # The built-in cast compressors' decompress is a dtype cast, which copy_ does on the way into
         # the gradient anyway: skipping it saves a pass over the bucket.
-        casts = isinstance(self._compression, type) and issubclass(self._compression, _CastCompressor)
+        casts = isinstance(self._compression, type) and issubclass(self._compression, CastCompressor)
         for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
             for p, output, ctx in zip(self._buckets[index], outputs, contexts):
