@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ringtrain.compression import Compression
 from ringtrain.engine import state
 from ringtrain.engine.background import Engine
 from ringtrain.engine.requests import (
@@ -42,25 +43,6 @@ from ringtrain.process_sets import (
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
 
-
-class _NoneCompressor:
-    """Default ``compression=``: identical to ``Compression.none`` (kept here to avoid an import cycle)."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-try:
-    from ringtrain.compression import Compression as _Compression
-
-    _DEFAULT_COMPRESSION: Any = _Compression.none
-except ImportError:  # pragma: no cover - compression.py is part of the package
-    _DEFAULT_COMPRESSION = _NoneCompressor
 
 _REDUCE_DTYPES = {
     torch.uint8,
@@ -486,7 +468,7 @@ class HorovodAllreduce(torch.autograd.Function):
             grad_output.contiguous(),
             None,
             None,
-            _NoneCompressor,
+            Compression.none,
             ctx.op,
             ctx.prescale_factor,
             ctx.postscale_factor,
@@ -499,7 +481,7 @@ def allreduce(
     tensor: torch.Tensor,
     average: bool | None = None,
     name: str | None = None,
-    compression: Any = _DEFAULT_COMPRESSION,
+    compression: Any = Compression.none,
     op: int | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
@@ -652,7 +634,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
             [g.contiguous() for g in grad_outputs],
             None,
             None,
-            _NoneCompressor,
+            Compression.none,
             ctx.op,
             ctx.prescale_factor,
             ctx.postscale_factor,
@@ -665,7 +647,7 @@ def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: bool | None = None,
     name: str | None = None,
-    compression: Any = _DEFAULT_COMPRESSION,
+    compression: Any = Compression.none,
     op: int | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
@@ -1010,7 +992,7 @@ def _reducescatter_grad(grad: torch.Tensor, ctx: Any) -> torch.Tensor:
 def reducescatter(
     tensor: torch.Tensor,
     name: str | None = None,
-    compression: Any = _DEFAULT_COMPRESSION,
+    compression: Any = Compression.none,
     op: int = Average,
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
@@ -1082,7 +1064,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 def grouped_reducescatter(
     tensors: Sequence[torch.Tensor],
     name: str | None = None,
-    compression: Any = _DEFAULT_COMPRESSION,
+    compression: Any = Compression.none,
     op: int = Average,
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
