@@ -359,7 +359,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     base = type(optimizer)
     namespace = dict(_GRAFTED)
     namespace["_ringtrain_base"] = base
-    namespace["_ringtrain_base_step"] = base.step
     namespace["__module__"] = base.__module__
     namespace["__doc__"] = base.__doc__
     cls = type(base.__name__, (base,), namespace)
