@@ -44,7 +44,7 @@ from ringtrain.process_sets import (
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
 
 
-_REDUCE_DTYPES = {
+REDUCE_DTYPES = {
     torch.uint8,
     torch.int8,
     torch.int16,
@@ -56,12 +56,12 @@ _REDUCE_DTYPES = {
     torch.float64,
     torch.bool,
 }
-_MOVE_DTYPES = _REDUCE_DTYPES
+MOVE_DTYPES = REDUCE_DTYPES
 _atexit_registered = False
 _local = threading.local()
 
 
-def _sync(async_fn: Callable[..., int], *args: Any) -> Any:
+def run_sync(async_fn: Callable[..., int], *args: Any) -> Any:
     """Submit and wait: the calling thread runs the negotiation rounds itself (no thread hand-off)."""
     _local.drive = True
     try:
@@ -287,7 +287,7 @@ def _device_index(tensor: torch.Tensor) -> int:
     return -1
 
 
-def _check_tensor(tensor: torch.Tensor, allowed: set[torch.dtype]) -> None:
+def check_tensor(tensor: torch.Tensor, allowed: set[torch.dtype]) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"Expected a torch.Tensor, got {type(tensor).__name__}.")
     if tensor.dtype not in allowed or tensor.is_sparse:
@@ -296,7 +296,7 @@ def _check_tensor(tensor: torch.Tensor, allowed: set[torch.dtype]) -> None:
         raise ValueError("Tensor is required to be contiguous.")
 
 
-def _set_members(process_set: ProcessSet, opname: str) -> tuple[Engine, int, list[int]]:
+def set_members(process_set: ProcessSet, opname: str) -> tuple[Engine, int, list[int]]:
     engine = state.require()
     set_id = process_set.process_set_id
     if set_id is None or set_id not in engine.sets:
@@ -314,7 +314,7 @@ def _names(prefix: str, name: str | None, handle: int, count: int | None) -> tup
     return tuple(f"{base}_{i}of{count}" for i in range(1, count + 1))
 
 
-def _submit(
+def submit(
     op: OpType,
     prefix: str,
     tensors: Sequence[torch.Tensor],
@@ -330,7 +330,7 @@ def _submit(
     splits: tuple[int, ...] | None = None,
     keepalive: Any = None,
 ) -> int:
-    engine, set_id, _ = _set_members(process_set, prefix.capitalize())
+    engine, set_id, _ = set_members(process_set, prefix.capitalize())
     if len({(t.device.type, _device_index(t)) for t in tensors}) > 1:
         raise RuntimeError("Tensors in list must be on same device.")
     for t in tensors:
@@ -359,18 +359,18 @@ def _submit(
     return engine.submit(build, finish, keepalive, drive=getattr(_local, "drive", False))
 
 
-def _first(request: Request) -> torch.Tensor:
+def first_output(request: Request) -> torch.Tensor:
     return request.outputs[0]
 
 
-def _all(request: Request) -> tuple[torch.Tensor, ...]:
+def all_outputs(request: Request) -> tuple[torch.Tensor, ...]:
     return tuple(request.outputs)
 
 
-def _control_op(
+def control_op(
     op: OpType, key: str, payload: tuple[int, ...] | None, process_set: ProcessSet = global_process_set
 ) -> Any:
-    engine, set_id, _ = _set_members(process_set, op.title)
+    engine, set_id, _ = set_members(process_set, op.title)
 
     def build(handle: int) -> tuple[RequestMeta, list[torch.Tensor], list[torch.Tensor | None]]:
         meta = RequestMeta(key=key, names=(key,), op=op, set_id=set_id, dtypes=(), shapes=(), payload=payload)
@@ -381,7 +381,7 @@ def _control_op(
 
 # --------------------------------------------------------------------------- allreduce
 def _check_reduce(tensor: torch.Tensor, op: int) -> None:
-    _check_tensor(tensor, _REDUCE_DTYPES)
+    check_tensor(tensor, REDUCE_DTYPES)
     if op == Adasum:
         raise NotImplementedError(
             "Adasum is not implemented in ringtrain (upstream it needs MPI). "
@@ -408,14 +408,14 @@ def _allreduce_async(
     process_set: ProcessSet,
 ) -> int:
     _check_reduce(tensor, op)
-    return _submit(
+    return submit(
         OpType.ALLREDUCE,
         "allreduce",
         [tensor],
         [output],
         name,
         process_set,
-        _first,
+        first_output,
         reduce_op=op,
         prescale=prescale_factor,
         postscale=postscale_factor,
@@ -458,7 +458,7 @@ class HorovodAllreduce(torch.autograd.Function):
             postscale_factor,
             process_set,
         )
-        return _sync(
+        return run_sync(
             allreduce_async, tensor, None, name, ctx.op, prescale_factor, postscale_factor, process_set
         )
 
@@ -520,7 +520,9 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place allreduce; returns ``tensor``."""
-    return _sync(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return run_sync(
+        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 def _grouped_allreduce_async(
@@ -534,14 +536,14 @@ def _grouped_allreduce_async(
 ) -> int:
     for t in tensors:
         _check_reduce(t, op)
-    return _submit(
+    return submit(
         OpType.ALLREDUCE,
         "allreduce",
         list(tensors),
         outputs,
         name,
         process_set,
-        _all,
+        all_outputs,
         grouped=True,
         reduce_op=op,
         prescale=prescale_factor,
@@ -592,7 +594,7 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> tuple[torch.Tensor, ...]:
     """In-place grouped allreduce; returns a tuple of the input tensors."""
-    return _sync(
+    return run_sync(
         grouped_allreduce_async_, tensors, average, name, op, prescale_factor, postscale_factor, process_set
     )
 
@@ -617,7 +619,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
             postscale_factor,
             process_set,
         )
-        return _sync(
+        return run_sync(
             grouped_allreduce_async,
             list(tensors),
             None,
@@ -690,8 +692,8 @@ def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start an allgather (dim 0 may differ per rank); returns a handle."""
-    _check_tensor(tensor, _MOVE_DTYPES)
-    return _submit(OpType.ALLGATHER, "allgather", [tensor], [None], name, process_set, _first)
+    check_tensor(tensor, MOVE_DTYPES)
+    return submit(OpType.ALLGATHER, "allgather", [tensor], [None], name, process_set, first_output)
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -701,7 +703,7 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
         ctx.process_set = process_set
-        return _sync(allgather_async, tensor, name, process_set)
+        return run_sync(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -724,15 +726,15 @@ def grouped_allgather_async(
 ) -> int:
     """Start a group of allgathers; synchronize returns a tuple."""
     for t in tensors:
-        _check_tensor(t, _MOVE_DTYPES)
-    return _submit(
+        check_tensor(t, MOVE_DTYPES)
+    return submit(
         OpType.ALLGATHER,
         "allgather",
         list(tensors),
         [None] * len(tensors),
         name,
         process_set,
-        _all,
+        all_outputs,
         grouped=True,
     )
 
@@ -746,7 +748,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     ) -> tuple[Any, ...]:
         ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
         ctx.process_set = process_set
-        return _sync(grouped_allgather_async, list(tensors), name, process_set)
+        return run_sync(grouped_allgather_async, list(tensors), name, process_set)
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[Any, ...]:
@@ -777,14 +779,14 @@ def _broadcast_async(
     name: str | None,
     process_set: ProcessSet,
 ) -> int:
-    _check_tensor(tensor, _MOVE_DTYPES)
+    check_tensor(tensor, MOVE_DTYPES)
     engine = state.require()
     set_id = process_set.process_set_id
     ranks = engine.sets[set_id].ranks if set_id in engine.sets else []
     if set_id in engine.sets and (not isinstance(root_rank, int) or root_rank not in ranks):
         raise ValueError(f"broadcast received invalid root rank {root_rank} for provided process set")
-    return _submit(
-        OpType.BROADCAST, "broadcast", [tensor], [output], name, process_set, _first, root=root_rank
+    return submit(
+        OpType.BROADCAST, "broadcast", [tensor], [output], name, process_set, first_output, root=root_rank
     )
 
 
@@ -815,7 +817,7 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """In-place broadcast; returns ``tensor``."""
-    return _sync(broadcast_async_, tensor, root_rank, name, process_set)
+    return run_sync(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -826,7 +828,7 @@ class HorovodBroadcast(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _sync(broadcast_async, tensor, root_rank, name, process_set)
+        return run_sync(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -881,8 +883,8 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an alltoall; synchronize returns ``(output, received_splits)``."""
-    _check_tensor(tensor, _MOVE_DTYPES)
-    _, _, ranks = _set_members(process_set, "Alltoall")
+    check_tensor(tensor, MOVE_DTYPES)
+    _, _, ranks = set_members(process_set, "Alltoall")
     values = _alltoall_splits(tensor, splits, len(ranks))
     splits_device = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
 
@@ -890,7 +892,7 @@ def alltoall_async(
         received = torch.tensor(request.extra["received_splits"], dtype=torch.int32, device=splits_device)
         return request.outputs[0], received
 
-    return _submit(OpType.ALLTOALL, "alltoall", [tensor], [None], name, process_set, finish, splits=values)
+    return submit(OpType.ALLTOALL, "alltoall", [tensor], [None], name, process_set, finish, splits=values)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -900,7 +902,7 @@ class HorovodAlltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received_splits = _sync(alltoall_async, tensor, splits, name, process_set)
+        output, received_splits = run_sync(alltoall_async, tensor, splits, name, process_set)
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         ctx.mark_non_differentiable(received_splits)
@@ -908,7 +910,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor, grad_received_splits: Any) -> tuple[Any, ...]:
-        grad, _ = _sync(alltoall_async, grad_output.contiguous(), ctx.recvsplits, None, ctx.process_set)
+        grad, _ = run_sync(alltoall_async, grad_output.contiguous(), ctx.recvsplits, None, ctx.process_set)
         return grad, None, None, None
 
 
@@ -927,7 +929,7 @@ def alltoall(
 
 # --------------------------------------------------------------------------- reducescatter
 def _check_reducescatter(tensor: torch.Tensor, op: int) -> None:
-    _check_tensor(tensor, _REDUCE_DTYPES - {torch.bool})
+    check_tensor(tensor, REDUCE_DTYPES - {torch.bool})
     if op not in (Average, Sum):
         raise HorovodInternalError("Reducescatter currently only supports AVERAGE and SUM.")
 
@@ -942,14 +944,14 @@ def reducescatter_async(
 ) -> int:
     """Start a reducescatter (rank r of the set gets its dim-0 slice of the reduction)."""
     _check_reducescatter(tensor, op)
-    return _submit(
+    return submit(
         OpType.REDUCESCATTER,
         "reducescatter",
         [tensor],
         [None],
         name,
         process_set,
-        _first,
+        first_output,
         reduce_op=op,
         prescale=prescale_factor,
         postscale=postscale_factor,
@@ -971,7 +973,7 @@ class HorovodReducescatter(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return _sync(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
+        return run_sync(reducescatter_async, tensor, name, op, process_set, prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
@@ -1015,14 +1017,14 @@ def grouped_reducescatter_async(
     """Start a group of reducescatters; synchronize returns a tuple."""
     for t in tensors:
         _check_reducescatter(t, op)
-    return _submit(
+    return submit(
         OpType.REDUCESCATTER,
         "reducescatter",
         list(tensors),
         [None] * len(tensors),
         name,
         process_set,
-        _all,
+        all_outputs,
         grouped=True,
         reduce_op=op,
         prescale=prescale_factor,
@@ -1045,7 +1047,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     ) -> tuple[Any, ...]:
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return _sync(
+        return run_sync(
             grouped_reducescatter_async,
             list(tensors),
             name,
@@ -1117,7 +1119,7 @@ def synchronize(handle: int) -> Any:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every member of the set has called barrier."""
-    _control_op(OpType.BARRIER, "barrier", None, process_set)
+    control_op(OpType.BARRIER, "barrier", None, process_set)
 
 
 def join(device: int = -1) -> int:

@@ -99,7 +99,7 @@ def register_static(sets: list[ProcessSet], world_size: int) -> None:
 def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     """Register a new set on all ranks (collective: call it identically everywhere, in the same order)."""
     from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import _control_op
+    from ringtrain.mpi_ops import control_op
 
     engine = state.require()
     if not _dynamic_enabled():
@@ -116,7 +116,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
             f"{ps} names ranks {bad} outside the world of size {engine.size}. "
             "HINT: use global ranks 0..size-1."
         )
-    set_id = _control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks))
+    set_id = control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks))
     ps.process_set_id = set_id
     state.registered[set_id] = ps
     return ps
@@ -125,7 +125,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set on all ranks (collective). False for the global set or an unregistered set."""
     from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import _control_op
+    from ringtrain.mpi_ops import control_op
 
     state.require()
     if not _dynamic_enabled():
@@ -135,7 +135,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0 or state.registered.get(set_id) is not process_set:
         return False
-    removed = _control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,))
+    removed = control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,))
     state.registered.pop(set_id, None)
     process_set.process_set_id = None
     return bool(removed)
