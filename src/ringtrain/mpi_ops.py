@@ -11,7 +11,7 @@ import atexit
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +42,13 @@ from ringtrain.process_sets import (
 )
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
+
+
+class ProcessSetLike(Protocol):
+    """What the request helpers need of a :class:`ProcessSet`: its registration id (structural, so
+    that ``process_sets`` can use them without the helpers importing it back)."""
+
+    process_set_id: int | None
 
 
 REDUCE_DTYPES = {
@@ -296,7 +303,7 @@ def check_tensor(tensor: torch.Tensor, allowed: set[torch.dtype]) -> None:
         raise ValueError("Tensor is required to be contiguous.")
 
 
-def set_members(process_set: ProcessSet, opname: str) -> tuple[Engine, int, list[int]]:
+def set_members(process_set: ProcessSetLike, opname: str) -> tuple[Engine, int, list[int]]:
     engine = state.require()
     set_id = process_set.process_set_id
     if set_id is None or set_id not in engine.sets:
@@ -320,7 +327,7 @@ def submit(
     tensors: Sequence[torch.Tensor],
     outputs: list[torch.Tensor | None],
     name: str | None,
-    process_set: ProcessSet,
+    process_set: ProcessSetLike,
     finish: Callable[[Request], Any],
     grouped: bool = False,
     reduce_op: int = SUM,
@@ -367,9 +374,7 @@ def all_outputs(request: Request) -> tuple[torch.Tensor, ...]:
     return tuple(request.outputs)
 
 
-def control_op(
-    op: OpType, key: str, payload: tuple[int, ...] | None, process_set: ProcessSet = global_process_set
-) -> Any:
+def control_op(op: OpType, key: str, payload: tuple[int, ...] | None, process_set: ProcessSetLike) -> Any:
     engine, set_id, _ = set_members(process_set, op.title)
 
     def build(handle: int) -> tuple[RequestMeta, list[torch.Tensor], list[torch.Tensor | None]]:

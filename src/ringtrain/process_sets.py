@@ -116,7 +116,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
             f"{ps} names ranks {bad} outside the world of size {engine.size}. "
             "HINT: use global ranks 0..size-1."
         )
-    set_id = control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks))
+    set_id = control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks), global_process_set)
     ps.process_set_id = set_id
     state.registered[set_id] = ps
     return ps
@@ -135,7 +135,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0 or state.registered.get(set_id) is not process_set:
         return False
-    removed = control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,))
+    removed = control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,), global_process_set)
     state.registered.pop(set_id, None)
     process_set.process_set_id = None
     return bool(removed)
