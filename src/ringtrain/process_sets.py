@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ringtrain.engine import state
+from ringtrain.engine.requests import OpType
+from ringtrain.ops.requests import control_op
 
 
 class ProcessSet:
@@ -98,9 +100,6 @@ def register_static(sets: list[ProcessSet], world_size: int) -> None:
 
 def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     """Register a new set on all ranks (collective: call it identically everywhere, in the same order)."""
-    from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import control_op
-
     engine = state.require()
     if not _dynamic_enabled():
         raise ValueError(
@@ -124,9 +123,6 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set on all ranks (collective). False for the global set or an unregistered set."""
-    from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import control_op
-
     state.require()
     if not _dynamic_enabled():
         raise ValueError(
