@@ -267,7 +267,6 @@ class Engine:
         if result.ready:
             self._execute(result.ready)
             result.ready.clear()  # the result paces the next round: it must not keep tensors alive
-        controller.requeue_displaced()
         if result.last_joined is not None:
             self._finish_join(result.last_joined)
         if controller.stalled(result.joined):

@@ -16,7 +16,7 @@ decides. One :meth:`Controller.negotiate` call is one round:
 
 Every decision that changes replicated state (cache, table, join order) is taken from data every
 rank sees in the same round, so the copies never diverge. After executing the responses, the
-engine calls :meth:`Controller.requeue_displaced` and :meth:`Controller.stalled`.
+engine asks :meth:`Controller.stalled` (rank 0 watches for stalls).
 """
 
 from __future__ import annotations
@@ -125,6 +125,8 @@ class Controller:
     def negotiate(self, new: list[Request], joining: bool, stopping: bool) -> RoundResult:
         """One round: admit ``new``, exchange, and decide what is ready (see the module docstring)."""
         self.timeline.cycle()
+        if self.cache.version != self._round_version:
+            self._requeue_displaced()
         payload = self._payload(self._admit(new))
         flags = (
             (neg.FLAG_JOINED if joining else 0)
@@ -156,7 +158,7 @@ class Controller:
         if self._table:
             self._ready_from_table(joined, responses)
         ready = self._claim(responses) if responses else []
-        last_joined, joins_moved = self._track_joins(joined)
+        last_joined, joins_moved = self._track_joins(joined) if joined or self._joined_prev else (None, False)
         return RoundResult(
             ready=ready,
             joined=joined,
@@ -296,8 +298,6 @@ class Controller:
 
     def _track_joins(self, joined: set[int]) -> tuple[int | None, bool]:
         """Record the order ranks joined in; (the last one once all have, whether anything changed)."""
-        if not joined and not self._joined_prev:
-            return None, False
         newly = sorted(joined - self._joined_prev)
         self._join_order.extend(newly)
         self._joined_prev = joined
@@ -307,11 +307,12 @@ class Controller:
             return last, True
         return None, bool(newly)
 
-    # ------------------------------------------------------------- after a round
-    def requeue_displaced(self) -> None:
-        """Pending requests whose cache entry went this round (capacity, removed set) are renegotiated."""
-        if self.cache.version == self._round_version:
-            return
+    def _requeue_displaced(self) -> None:
+        """Pending requests whose cache entry went last round (capacity, a removed set) are renegotiated.
+
+        Run at the start of the next round rather than after the executions (a process set's removal
+        evicts its entries there): either way their metadata goes out with that next round.
+        """
         for ident, request in self.pending.items():
             if request.slot is None:
                 continue
@@ -321,14 +322,6 @@ class Controller:
                 if request.meta not in self._resend:
                     self._resend.append(request.meta)
 
-    def stalled(self, joined: set[int]) -> bool:
-        """Rank 0: warn about names waiting too long; True once the stall shutdown time has passed."""
-        if self.rank != 0 or self.stall.disabled:
-            return False
-        if not (self.pending or self._table or self.stall.reports):
-            return False
-        return self.stall.check(self._waiting(joined))
-
     def _requeue_evicted(self, ident: Ident, sender: int) -> None:
         """A rank re-sent a cached name with new metadata: our cached copy must be renegotiated too."""
         request = self.pending.get(ident)
@@ -336,6 +329,15 @@ class Controller:
             request.slot = None
             if sender != self.rank:
                 self._resend.append(request.meta)
+
+    # ------------------------------------------------------------- after a round
+    def stalled(self, joined: set[int]) -> bool:
+        """Rank 0: warn about names waiting too long; True once the stall shutdown time has passed."""
+        if self.rank != 0 or self.stall.disabled:
+            return False
+        if not (self.pending or self._table or self.stall.reports):
+            return False
+        return self.stall.check(self._waiting(joined))
 
     def _waiting(self, joined: set[int]) -> dict[str, tuple[float, set[int], list[int]]]:
         waiting: dict[str, tuple[float, set[int], list[int]]] = {}
