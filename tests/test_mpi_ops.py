@@ -478,7 +478,7 @@ def _cached_path_matches_first_call() -> int:
     assert all(o[0].tolist() == [1.0, 1.0] and o[1].tolist() == [0.0, 2.0, 4.0] for o in outs)
     from ringtrain.engine import state
 
-    return state.require()._eager_size
+    return state.require().controller.eager_size
 
 
 @pytest.mark.parametrize("eager", ["2048", "0"])

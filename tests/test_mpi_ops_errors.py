@@ -164,3 +164,17 @@ def _lru_displaces_pending_entry() -> None:
 
 def test_cache_eviction_of_a_pending_name_renegotiates_it(ranks2):
     ranks2.run(_lru_displaces_pending_entry)
+
+
+def _unknown_handles() -> None:
+    ensure_init()
+    handle = hvd.allreduce_async(torch.ones(1), name="known", op=hvd.Sum)
+    assert hvd.synchronize(handle).tolist() == [hvd.size()]
+    assert hvd.synchronize(handle) is None  # already synchronized: None, as in Horovod
+    for unknown in (handle + 1000, -1, "0", None):
+        with pytest.raises(ValueError, match=rf"synchronize\({unknown!r}\): no operation was started .*HINT"):
+            hvd.synchronize(unknown)
+
+
+def test_synchronize_of_a_handle_never_issued_is_refused(ranks2):
+    ranks2.run(_unknown_handles)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ringtrain as hvd
+from ringtrain.engine.settings import Settings
 from tests.ranks import run_ranks
 
 
@@ -387,10 +388,12 @@ def test_auto_buckets_follow_the_size_cap(monkeypatch):
 
     params = [torch.zeros(2**18) for _ in range(6)]  # 1 MiB each (float32)
     monkeypatch.setenv("RINGTRAIN_BUCKET_CAP_MB", "2")
-    sizes = [len(b) for b in _DistributedOptimizer._auto_buckets(params)]
+    cap_mb = Settings.from_environ().bucket_cap_mb
+    sizes = [len(b) for b in _DistributedOptimizer._auto_buckets(params, cap_mb)]
     assert sizes == [1, 2, 2, 1]  # a 1 MiB first bucket starts communication early
     monkeypatch.setenv("RINGTRAIN_BUCKET_CAP_MB", "0")
-    assert [len(b) for b in _DistributedOptimizer._auto_buckets(params)] == [1] * 6
+    cap_mb = Settings.from_environ().bucket_cap_mb
+    assert [len(b) for b in _DistributedOptimizer._auto_buckets(params, cap_mb)] == [1] * 6
 
 
 def process_set_step() -> dict:

@@ -40,8 +40,8 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class _CastCompressor(Compressor):
-    """Cast floating tensors to ``wire_dtype``; ctx is the original dtype."""
+class CastCompressor(Compressor):
+    """Cast floating tensors to ``wire_dtype``; ctx is the original dtype, ``decompress`` casts back."""
 
     wire_dtype: torch.dtype = torch.float16
 
@@ -61,13 +61,13 @@ class _CastCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(CastCompressor):
     """Send floating tensors as float16 (halves the bytes; about 3 significant digits survive)."""
 
     wire_dtype = torch.float16
 
 
-class BF16Compressor(_CastCompressor):
+class BF16Compressor(CastCompressor):
     """Send floating tensors as bfloat16 (float32's range, about 2 significant digits)."""
 
     wire_dtype = torch.bfloat16
@@ -81,4 +81,6 @@ class Compression:
     bf16 = BF16Compressor
 
 
-__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+__all__ = [
+    "BF16Compressor", "CastCompressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor",
+]

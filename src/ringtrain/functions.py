@@ -60,10 +60,12 @@ def _initialize_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module |
                 continue
             zeros = torch.zeros_like(p)
             p.grad = zeros.to_sparse() if force_sparse or id(p) in sparse_params else zeros
-    # A DistributedOptimizer steps through its base class: no allreduce for this fake step.
-    base_step = getattr(type(optimizer), "_ringtrain_base_step", None)
-    if base_step is not None:
-        base_step(optimizer)
+    # A DistributedOptimizer takes this fake step locally (skip_synchronize): no allreduce, which
+    # every rank would have to join.
+    skip_synchronize = getattr(optimizer, "skip_synchronize", None)
+    if skip_synchronize is not None:
+        with skip_synchronize():
+            optimizer.step()
     else:
         optimizer.step()
 

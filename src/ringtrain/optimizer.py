@@ -12,7 +12,6 @@ grouped allreduce, so communication of late layers overlaps backward computation
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -20,7 +19,8 @@ from typing import Any
 import torch
 
 from ringtrain import mpi_ops
-from ringtrain.compression import Compression, Compressor, _CastCompressor
+from ringtrain.compression import CastCompressor, Compression, Compressor
+from ringtrain.engine import state
 from ringtrain.functions import broadcast_object
 from ringtrain.process_sets import ProcessSet, global_process_set
 
@@ -112,14 +112,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._solo: set[torch.Tensor] = set()  # sparse gradients: allgather-based, one by one
 
         world = mpi_ops.size()  # before init this raises Horovod's "use hvd.init()" ValueError
-        communicate = process_set.included() and (world > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        settings = state.require().settings
+        communicate = process_set.included() and (world > 1 or settings.elastic)
         if communicate:
-            self._set_buckets(groups)
+            self._set_buckets(groups, settings.bucket_cap_mb)
             self._register_hooks()
 
     # --- setup -------------------------------------------------------------------------------
 
-    def _set_buckets(self, groups: Any) -> None:
+    def _set_buckets(self, groups: Any, cap_mb: float) -> None:
         trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         split: list[list[torch.Tensor]] = []
         if isinstance(groups, int):
@@ -137,7 +138,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._groups = [g for g in split if g]
         grouped = {id(p) for g in split for p in g}
         rest = [p for p in reversed(trainable) if id(p) not in grouped]  # roughly backward order
-        self._buckets = [g for g in split if g] + self._auto_buckets(rest)
+        self._buckets = [g for g in split if g] + self._auto_buckets(rest, cap_mb)
         for index, members in enumerate(self._buckets):
             for p in members:
                 self._bucket_of[p] = index
@@ -145,10 +146,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_pending = [len(m) for m in self._buckets]
 
     @staticmethod
-    def _auto_buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-        """Split ``params`` into runs of at most RINGTRAIN_BUCKET_CAP_MB (default 25; the first
-        bucket 1 MB so communication starts early); 0 means one parameter per bucket (Horovod's)."""
-        cap_mb = float(os.environ.get("RINGTRAIN_BUCKET_CAP_MB", "25"))
+    def _auto_buckets(params: list[torch.Tensor], cap_mb: float) -> list[list[torch.Tensor]]:
+        """Split ``params`` into runs of at most ``cap_mb`` MiB (RINGTRAIN_BUCKET_CAP_MB, default 25; the
+        first bucket 1 MiB so communication starts early); 0 means one parameter per bucket (Horovod's)."""
         if cap_mb <= 0:
             return [[p] for p in params]
         buckets: list[list[torch.Tensor]] = []
@@ -249,7 +249,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         decompress = self._compression.decompress
         # The built-in cast compressors' decompress is a dtype cast, which copy_ does on the way into
         # the gradient anyway: skipping it saves a pass over the bucket.
-        casts = isinstance(self._compression, type) and issubclass(self._compression, _CastCompressor)
+        casts = isinstance(self._compression, type) and issubclass(self._compression, CastCompressor)
         for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
             for p, output, ctx in zip(self._buckets[index], outputs, contexts):
@@ -359,7 +359,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     base = type(optimizer)
     namespace = dict(_GRAFTED)
     namespace["_ringtrain_base"] = base
-    namespace["_ringtrain_base_step"] = base.step
     namespace["__module__"] = base.__module__
     namespace["__doc__"] = base.__doc__
     cls = type(base.__name__, (base,), namespace)

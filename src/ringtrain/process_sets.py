@@ -6,11 +6,12 @@ ranks. Ranks are global ranks, kept sorted; ``rank()`` is the position inside th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
 from ringtrain.engine import state
+from ringtrain.engine.requests import OpType
+from ringtrain.ops.requests import control_op
 
 
 class ProcessSet:
@@ -67,7 +68,7 @@ global_process_set.process_set_id = 0
 
 
 def _dynamic_enabled() -> bool:
-    return state.dynamic_sets or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "") in ("1", "true", "True")
+    return state.dynamic_sets or state.require().settings.dynamic_process_sets
 
 
 def _find_duplicate(ranks: list[int]) -> Any:
@@ -99,9 +100,6 @@ def register_static(sets: list[ProcessSet], world_size: int) -> None:
 
 def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     """Register a new set on all ranks (collective: call it identically everywhere, in the same order)."""
-    from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import _control_op
-
     engine = state.require()
     if not _dynamic_enabled():
         raise ValueError(
@@ -117,7 +115,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
             f"{ps} names ranks {bad} outside the world of size {engine.size}. "
             "HINT: use global ranks 0..size-1."
         )
-    set_id = _control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks))
+    set_id = control_op(OpType.PROCESS_SET_ADD, "process_set.add", tuple(ps.ranks), global_process_set)
     ps.process_set_id = set_id
     state.registered[set_id] = ps
     return ps
@@ -125,9 +123,6 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set on all ranks (collective). False for the global set or an unregistered set."""
-    from ringtrain.engine.requests import OpType
-    from ringtrain.mpi_ops import _control_op
-
     state.require()
     if not _dynamic_enabled():
         raise ValueError(
@@ -136,7 +131,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0 or state.registered.get(set_id) is not process_set:
         return False
-    removed = _control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,))
+    removed = control_op(OpType.PROCESS_SET_REMOVE, "process_set.remove", (set_id,), global_process_set)
     state.registered.pop(set_id, None)
     process_set.process_set_id = None
     return bool(removed)

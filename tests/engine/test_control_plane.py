@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.engine import control_plane as cp
+from ringtrain.engine.settings import Settings
 from tests.engine.hvd_env import fresh
 
 
@@ -133,9 +134,9 @@ def test_a_rank_that_never_connects_times_out_with_a_hint():
 def test_unknown_mode_names_the_value(monkeypatch):
     monkeypatch.setenv("RINGTRAIN_CONTROL_PLANE", "mpi")
     with pytest.raises(ValueError, match=r"RINGTRAIN_CONTROL_PLANE='mpi'.*HINT"):
-        cp.mode_from_env()
+        Settings.from_environ().control_plane
     monkeypatch.setenv("RINGTRAIN_CONTROL_PLANE", "GLOO")
-    assert cp.mode_from_env() == "gloo"
+    assert Settings.from_environ().control_plane == "gloo"
 
 
 def test_candidate_addresses_include_the_route_to_the_store():

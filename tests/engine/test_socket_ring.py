@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from ringtrain.engine import control_plane as cp
-from ringtrain.engine.executor import _COMBINE
+from ringtrain.engine.executor import COMBINE
 from ringtrain.engine.requests import MAX, MIN, PRODUCT, SUM
+from ringtrain.engine.settings import Settings
 from ringtrain.engine.socket_ring import ring_allreduce
 from tests.engine.hvd_env import fresh
 from tests.engine.test_control_plane import _open_mesh, _per_rank
@@ -18,7 +19,7 @@ _REFERENCE = {SUM: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: t
 def _ring_all(planes, inputs, op, members=None, piece_bytes=64):
     members = list(range(len(planes))) if members is None else members
     outputs = {r: inputs[r].clone() for r in members}
-    combine = _COMBINE[op]
+    combine = COMBINE[op]
     results = _per_rank(
         lambda r: ring_allreduce(planes[r], members, outputs[r], combine, piece_bytes=piece_bytes), members
     )
@@ -94,7 +95,7 @@ def test_a_peer_that_closes_mid_allreduce_is_an_error_that_names_it():
     with _open_mesh(3) as planes:
         planes[2].close()
         tensors = {r: torch.ones(1000) for r in range(2)}
-        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1, 2], tensors[r], _COMBINE[SUM]), range(2))
+        out = _per_rank(lambda r: ring_allreduce(planes[r], [0, 1, 2], tensors[r], COMBINE[SUM]), range(2))
         assert all(isinstance(out[r], cp.ControlPlaneError) for r in range(2)), out
         assert any("rank 2" in str(out[r]) for r in range(2)), out
 
@@ -117,7 +118,7 @@ def test_a_silent_peer_times_out():
 def test_unknown_cpu_allreduce_names_the_value(monkeypatch):
     monkeypatch.setenv("RINGTRAIN_CPU_ALLREDUCE", "nccl")
     with pytest.raises(ValueError, match="RINGTRAIN_CPU_ALLREDUCE='nccl'.*HINT"):
-        cp.cpu_allreduce_from_env()
+        Settings.from_environ().cpu_allreduce
 
 
 def _large_allreduces(mode: str) -> list:

@@ -177,18 +177,8 @@ class OptimizerStateHandler(_StateDictHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class SamplerStateHandler(StateHandler):
-    """An ``ElasticSampler``: its ``state_dict``; synced with ``broadcast_object``."""
-
-    def __init__(self, sampler: ElasticSampler) -> None:
-        super().__init__(sampler)
-        self._saved = copy.deepcopy(sampler.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+class SamplerStateHandler(_StateDictHandler):
+    """An ``ElasticSampler``: deep-copied ``state_dict``; synced with ``broadcast_object``."""
 
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), name="ElasticSampler.state"))

@@ -1,39 +1,30 @@
-"""The background thread: negotiation rounds, agreed execution, join, shutdown and failure handling.
+"""The background thread and its mechanics: submission, wake-up, waiting, driving, failure, execution.
 
-All state below the "thread-owned" comment is touched only by the engine thread; user threads talk to
-it through ``_incoming`` and a few flags guarded by one condition variable. Decisions that change
-replicated state (cache, process sets, join bookkeeping) are taken from data every rank sees in the
-same round, so the copies never diverge.
+What to run and in which order is the controller's decision (:mod:`ringtrain.engine.controller`);
+this module holds the thread that runs the rounds, the user-facing side (``submit``, ``join``,
+``wait``, ``stop``), the pacing between rounds, and the execution of agreed responses on the data
+groups (:mod:`ringtrain.engine.executor`). User threads talk to the round thread through
+``_incoming`` and a few flags guarded by one condition variable; a user thread blocked in
+``synchronize()`` runs the rounds itself (``_round_lock`` keeps it to one driver at a time).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ringtrain.engine import control_plane
-from ringtrain.engine import negotiation as neg
-from ringtrain.engine.cache import ResponseCache
-from ringtrain.engine.executor import (
-    SetGroups,
-    mesh_allreduce,
-    reduce_in_rank_order,
-    run_allreduce,
-    run_single,
-    scale_,
-)
+from ringtrain.engine.controller import IDLE, Controller, RoundResult
+from ringtrain.engine.executor import run_allreduce, run_single
 from ringtrain.engine.fusion import fusion_key, plan_batches
+from ringtrain.engine.groups import EngineGroups
 from ringtrain.engine.handles import HandleManager
-from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
-from ringtrain.engine.stall import StallInspector
-from ringtrain.engine.store import World, env_seconds, make_gloo_group, make_nccl_group
+from ringtrain.engine.requests import OpType, Request, RequestMeta, Response
+from ringtrain.engine.settings import Settings
+from ringtrain.engine.store import World
 from ringtrain.engine.timeline import Timeline
 from ringtrain.exceptions import HorovodInternalError
 
@@ -50,63 +41,36 @@ DUPLICATE_NAME_MESSAGE = (
     "(name: {name})"
 )
 
-_CACHEABLE = {OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER}
-#: Small Sum/Average allreduces travel inside the round vector (float64): at most this many elements
-#: per request; RINGTRAIN_EAGER_ELEMENTS bounds the total (0 turns the shortcut off).
-_EAGER_MAX_ELEMENTS = 512
-_EAGER_DTYPES = {"float16", "bfloat16", "float32", "float64", "int32", "int16", "int8", "uint8"}
+_CONTROL_OPS = (OpType.BARRIER, OpType.PROCESS_SET_ADD, OpType.PROCESS_SET_REMOVE)
 #: Longest sleep between rounds while something is pending but nothing moves. A rank with nothing of
 #: its own pending is woken at once by its next submission, so a long cap costs no latency there and
 #: keeps a rank that computes while others wait for it from spending its core on empty rounds.
 _MAX_BACKOFF_S = 0.05
-#: Rounds whose gathered vectors (all ranks together) fit in this many bytes use an allgather.
-_GATHER_ROUND_BYTES = 256 * 1024
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
 _IDLE_PERIOD_S = 1.0
-
-
-def _display(ident: tuple[int, str]) -> str:
-    """A request's name as the stall warning shows it (process set named when not global)."""
-    set_id, key = ident
-    return key if set_id == 0 else f"{key} (process set {set_id})"
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(float(value))
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer. HINT: set {name} to a whole number.") from None
 
 
 class Engine:
     """One per initialized process: owns the control group, data groups and the background thread."""
 
-    def __init__(self, world: World, static_sets: list[list[int]] | None = None) -> None:
+    def __init__(self, world: World, settings: Settings, static_sets: list[list[int]] | None = None) -> None:
         self.world = world
+        self.settings = settings
         self.rank, self.size = world.rank, world.size
         self.handles = HandleManager()
-        self.cache = ResponseCache(_env_int("HOROVOD_CACHE_CAPACITY", 1024))
-        self.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024)
-        self.cycle_time = env_seconds("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
-        self.stall = StallInspector()
+        self.fusion_threshold = settings.fusion_threshold_bytes
+        self.cycle_time = settings.cycle_time_ms / 1000.0
         self.timeline = Timeline()
-        # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead
-        # peer is detected by the broken connection, not by this timeout.
-        round_timeout = env_seconds("RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0)
-        self.ctrl = make_gloo_group(world, "control", list(range(self.size)), timeout_s=round_timeout)
-        self.plane = self._connect_plane(round_timeout)
-        self.cpu_ring = self.plane is not None and self._agree("ctrl/cpu_allreduce",
-                                                               control_plane.cpu_allreduce_from_env) == "ring"
-        self.sets: dict[int, SetGroups] = {}
-        self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self._next_set_id = 0
-        self.add_set(list(range(self.size)))
-        for ranks in static_sets or []:
-            self.add_set(ranks)
-        self.homogeneous = self._check_homogeneous()
+        self.groups = EngineGroups(world, settings)
+        self.ctrl, self.plane, self.cpu_ring = self.groups.ctrl, self.groups.plane, self.groups.cpu_ring
+        #: Data groups of every process set, by id (the controller reads the same dict).
+        self.sets = self.groups.sets
+        for ranks in [list(range(self.size)), *(static_sets or [])]:
+            self.groups.add_set(ranks)
+        self.homogeneous = self.groups.is_homogeneous()
+        self.controller = Controller(
+            self.rank, self.size, settings, self.sets, self.timeline, self.ctrl, self.plane, self._complete
+        )
 
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
@@ -119,88 +83,12 @@ class Engine:
         self.broken: str | None = None
         self._round_lock = threading.Lock()
         self._drivers = 0
-        self._last_state: tuple[bool, bool, bool, bool] = (False, False, False, False)
-        self.eager_budget = _env_int("RINGTRAIN_EAGER_ELEMENTS", 2048)
-        self._eager: dict[int, tuple[int, int]] = {}
-        self._eager_size = 0
-        self._eager_version = -1
-
-        # Thread-owned state.
-        self._pending: dict[tuple[int, str], Request] = {}
-        self._resend: list[RequestMeta] = []
-        self._table: dict[tuple[int, str], dict[int, RequestMeta]] = {}
-        self._table_seen: dict[tuple[int, str], float] = {}
-        self._joined_prev: set[int] = set()
-        self._join_order: list[int] = []
+        # Owned by whichever thread drives the rounds: the pacing state.
+        self._last_state: RoundResult = IDLE
         self._backoff = self.cycle_time
-        self._last_flags: list[int] = [0] * self.size
 
         self._thread = threading.Thread(target=self._main, name="ringtrain-engine", daemon=True)
         self._thread.start()
-
-    # ----------------------------------------------------------------- setup
-    def add_set(self, ranks: list[int]) -> int:
-        """Register a process set locally and build its data group (members only)."""
-        set_id = self._next_set_id
-        self._next_set_id += 1
-        tag = f"set{set_id}"
-        world = self.world
-        gloo = None
-        if set_id == 0:
-            # The global set's data runs on the control group: the same thread issues both, in the
-            # agreed order, and staying on one group keeps gloo's worker threads warm.
-            gloo = self.ctrl
-        elif self.rank in ranks:
-            gloo = make_gloo_group(world, tag, ranks)
-        groups = SetGroups(
-            set_id=set_id,
-            ranks=list(ranks),
-            gloo=gloo,
-            make_nccl=lambda: make_nccl_group(world, tag, list(ranks)),
-            # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
-            plane=self.plane,
-            ring=self.cpu_ring,
-            buffers=self._fusion_buffers,
-            keep_bytes=self.fusion_threshold,
-        )
-        if self.rank in ranks:
-            groups.extra["set_rank"] = ranks.index(self.rank)
-        self.sets[set_id] = groups
-        return set_id
-
-    def _connect_plane(self, round_timeout: float) -> control_plane.ControlPlane | None:
-        """The socket mesh for rounds, or None where rounds go through gloo (rank 0 decides)."""
-        if self.size == 1:
-            return None
-        store = self.world.store
-
-        def mode() -> str:
-            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else control_plane.mode_from_env()
-
-        if self._agree("ctrl/mode", mode) != "tcp":
-            return None
-        return control_plane.ControlPlane.connect(
-            store,
-            self.rank,
-            self.size,
-            self.world.main_address,
-            timeout_s=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0),
-            round_timeout_s=round_timeout,
-        )
-
-    def _agree(self, key: str, choose: Callable[[], str]) -> str:
-        """A setting every rank must share: rank 0's choice, published through the store."""
-        if self.rank == 0:
-            self.world.store.set(key, choose())
-        return self.world.store.get(key).decode()
-
-    def _check_homogeneous(self) -> bool:
-        mine = torch.tensor([self.world.local_size], dtype=torch.int64)
-        if self.size == 1:
-            return True
-        out = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
-        self.ctrl.allgather([out], [mine]).wait()
-        return len({int(t.item()) for t in out}) == 1
 
     # ------------------------------------------------------------ user side
     def submit(
@@ -276,7 +164,7 @@ class Engine:
     # ---------------------------------------------------------------- thread
     def _main(self) -> None:
         while not self.stopped:
-            self._wait_next(*self._last_state)
+            self._wait_next(self._last_state)
             with self._cv:
                 # A user thread blocked in synchronize() drives the rounds itself (no thread hand-off
                 # on the busy path); this thread steps aside until it is done.
@@ -291,7 +179,7 @@ class Engine:
             if state is None:
                 break
 
-    def _step(self) -> tuple[bool, bool, bool, bool] | None:
+    def _step(self) -> RoundResult | None:
         """One round with failure handling; None once the engine has stopped. Hold ``_round_lock``."""
         if self.stopped:
             return None
@@ -337,351 +225,78 @@ class Engine:
                 if state is None:
                     break
                 if not handle.done.is_set():
-                    self._wait_next(*state)
+                    self._wait_next(state)
         finally:
             with self._cv:
                 self._drivers -= 1
                 handle.driving = False
-                if self._incoming or self._pending or self._stop_requested:
+                if self._incoming or self.controller.pending or self._stop_requested:
                     self._cv.notify_all()
         handle.done.wait()
 
-    def _wait_next(self, progress: bool, mine_pending: bool, others_pending: bool, all_pending: bool) -> None:
+    def _wait_next(self, last: RoundResult) -> None:
+        """Pace the next round after ``last``: at once, after a back-off, or after the idle period."""
         with self._cv:
             if self._wake or self._stop_requested:
                 return
-            if progress:
+            if last.progress:
                 self._backoff = self.cycle_time
-            if mine_pending and not all_pending:
+            if last.mine_pending and not last.all_pending:
                 # Someone we wait for has nothing pending: block inside the next round (in gloo, no CPU)
                 # until that rank submits.
                 return
-            if mine_pending or others_pending:
+            if last.mine_pending or last.others_pending:
                 timeout = self._backoff
-                if not progress:
+                if not last.progress:
                     self._backoff = min(max(self._backoff * 2, 1e-4), _MAX_BACKOFF_S)
             else:
                 timeout = _IDLE_PERIOD_S
             if timeout > 0:
                 self._cv.wait(timeout)
 
-    def _round(self) -> tuple[bool, bool, bool, bool] | None:
+    def _round(self) -> RoundResult | None:
+        """One round: the controller decides, this thread executes; None once every rank is leaving."""
         with self._cv:
             new = self._incoming
             self._incoming = []
             self._wake = False
             joining = self._join_handle is not None
             stopping = self._stop_requested
-        self.timeline.cycle()
-        to_send = self._resend
-        self._resend = []
-        for request in new:
-            meta = request.meta
-            ident = (meta.set_id, meta.key)
-            self._pending[ident] = request
-            slot = self.cache.lookup(*ident)
-            cached = self.cache.response(slot) if slot is not None else None
-            if cached is not None and cached.metas.get(self.rank) == meta:
-                request.slot = slot
-            else:
-                request.slot = None
-                to_send.append(meta)
-            for name in meta.names:
-                self.timeline.begin(name, f"NEGOTIATE_{meta.op.name}")
-        stall_names: list[tuple[str, int]] = []
-        if self._pending and not self.stall.disabled:
-            oldest = min(r.submitted_at for r in self._pending.values())
-            if self.rank != 0 and self.stall.should_report(time.monotonic() - oldest):
-                stall_names = [(_display(ident), ident[0]) for ident in self._pending]
-        payload = neg.encode_payload({"m": to_send, "s": stall_names}) if (to_send or stall_names) else b""
-        flags = (
-            (neg.FLAG_JOINED if joining else 0)
-            | (neg.FLAG_SHUTDOWN if stopping else 0)
-            | (neg.FLAG_PENDING if (self._pending or joining) else 0)
-        )
-        slots = [] if joining else [r.slot for r in self._pending.values() if r.slot is not None]
-        num_slots = self.cache.num_slots
-        layout, eager_size = self._eager_layout()
-        vector = neg.build_vector(self.size, self.rank, num_slots, len(payload), flags, slots, eager_size)
-        width = neg.HEADER_WIDTH * self.size
-        eager_base = width + num_slots
-        for request in self._pending.values():
-            if request.slot is not None and request.slot in layout:
-                self._write_eager(request, vector, eager_base + layout[request.slot][0])
-        vector = self._exchange(vector)
-        # One conversion to Python for the header and the slot counts (all small exact integers).
-        control = [int(value) for value in vector[:eager_base].tolist()]
-        lengths = control[0 : width : neg.HEADER_WIDTH]
-        all_flags = control[1 : width : neg.HEADER_WIDTH]
-        counts = control[width:]
-        progress = False
-
-        evicted: set[int] = set()
-        cache_version = self.cache.version
-        if any(lengths):
-            progress = True
-            now = time.monotonic()
-            for rank, data in enumerate(self._gather(payload, lengths)):
-                if not data:
-                    continue
-                message = neg.decode_payload(data)
-                for meta in message["m"]:
-                    ident = (meta.set_id, meta.key)
-                    slot = self.cache.evict(*ident)
-                    if slot is not None:
-                        evicted.add(slot)
-                        self._requeue_evicted(ident, rank)
-                    self._table.setdefault(ident, {})[rank] = meta
-                    self._table_seen.setdefault(ident, now)
-                if message["s"] and self.rank == 0:
-                    self.stall.record_report(rank, message["s"])
-
-        joined = {r for r in range(self.size) if all_flags[r] & neg.FLAG_JOINED}
-        responses: list[Response] = []
-        for slot, count in enumerate(counts):
-            if count == 0 or slot in evicted:
-                continue
-            response = self.cache.response(slot)
-            if response is None:
-                continue
-            members = self.sets[response.set_id].ranks if response.set_id in self.sets else []
-            expected = [m for m in members if m not in joined]
-            if count == len(expected):
-                if slot in layout:
-                    # Small Sum/Average allreduce: the round's sum already is the result.
-                    offset, numel = layout[slot]
-                    start = eager_base + offset
-                    self._finish_eager(response, slot, vector[start : start + numel], len(members))
-                    progress = True
-                    continue
-                if joined & set(members) and response.op not in (OpType.ALLREDUCE, OpType.BARRIER):
-                    response = Response(
-                        response.key,
-                        response.set_id,
-                        response.op,
-                        response.metas,
-                        neg.join_error(response.op),
-                    )
-                responses.append(response)
-        for ident, metas in list(self._table.items()):
-            set_id = ident[0]
-            groups = self.sets.get(set_id)
-            members = groups.ranks if groups is not None else sorted(metas)
-            expected = [m for m in members if m not in joined]
-            if not metas or not all(m in metas for m in expected):
-                continue
-            del self._table[ident]
-            self._table_seen.pop(ident, None)
-            op = metas[min(metas)].op
-            error = None
-            if groups is None:
-                error = f"Process set {set_id} has been removed."
-            if error is None:
-                error = neg.check_agreement(metas)
-            if error is None and joined & set(members) and op not in (OpType.ALLREDUCE, OpType.BARRIER):
-                error = neg.join_error(op)
-            response = Response(ident[1], set_id, op, metas, error)
-            if error is None and op in _CACHEABLE:
-                self.cache.insert(response)
-            responses.append(response)
-
-        if responses:
-            progress = True
-            self._execute(responses)
-        if self.cache.version != cache_version:
-            self._requeue_displaced()
-
-        newly = sorted(joined - self._joined_prev)
-        if newly:
-            progress = True
-        self._join_order.extend(newly)
-        self._joined_prev = joined
-        if joined and len(joined) == self.size:
-            last = self._join_order[-1]
-            self._joined_prev, self._join_order = set(), []
+        controller = self.controller
+        result = controller.negotiate(new, joining, stopping)
+        if result.ready:
+            self._execute(result.ready)
+            result.ready.clear()  # the result paces the next round: it must not keep tensors alive
+        if result.last_joined is not None:
+            self._finish_join(result.last_joined)
+        if controller.stalled(result.joined):
             with self._cv:
-                number, self._join_handle = self._join_handle, None
-            if number is not None:
-                handle = self.handles.get(number)
-                if handle is not None:
-                    handle.outputs = last
-                    handle.done.set()
-            progress = True
+                self._stop_requested = True
+                self._stop_reason = (
+                    f"{SHUT_DOWN_MESSAGE} (stall: requests waited longer than "
+                    f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={controller.stall.shutdown_time:g})"
+                )
+        return None if result.shutdown else result
 
-        stall_watch = self.rank == 0 and not self.stall.disabled
-        if stall_watch and (self._pending or self._table or self.stall.reports):  # noqa: SIM102
-            if self.stall.check(self._waiting(joined)):
-                with self._cv:
-                    self._stop_requested = True
-                    self._stop_reason = (
-                        f"{SHUT_DOWN_MESSAGE} (stall: requests waited longer than "
-                        f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall.shutdown_time:g})"
-                    )
-
-        if any(f & neg.FLAG_SHUTDOWN for f in all_flags):
-            return None
-        mine = bool(self._pending) or self._join_handle is not None
-        others = any(f & neg.FLAG_PENDING for r, f in enumerate(all_flags) if r != self.rank)
-        everyone = all(f & neg.FLAG_PENDING for f in all_flags)
-        return progress, mine, others, everyone
-
-    def _exchange(self, vector: torch.Tensor) -> torch.Tensor:
-        """Sum every rank's round vector; the result is bit-identical on all ranks.
-
-        A small vector is allgathered and summed here in rank order: over the socket mesh when there
-        is one, else with one gloo ring pass instead of the allreduce's two (reduce-scatter, then
-        allgather). Its length is a function of replicated state, so all ranks pick the same path.
-        """
-        if self.size == 1:
-            return vector
-        nbytes = vector.numel() * vector.element_size()
-        if self.plane is not None and nbytes <= self.plane.max_message:
-            mesh_allreduce(self.plane, vector, SUM)
-            return vector
-        if self.size * nbytes > _GATHER_ROUND_BYTES:
-            self.ctrl.allreduce([vector]).wait()
-            return vector
-        rows = torch.empty(self.size, vector.numel(), dtype=vector.dtype)
-        self.ctrl._allgather_base(rows.view(-1), vector).wait()
-        return reduce_in_rank_order(rows.unbind(), SUM)
-
-    def _eager_layout(self) -> tuple[dict[int, tuple[int, int]], int]:
-        """Offsets of small cached Sum/Average CPU allreduces in the round vector (same on all ranks)."""
-        if self._eager_version == self.cache.version:
-            return self._eager, self._eager_size
-        layout: dict[int, tuple[int, int]] = {}
-        total = 0
-        for slot in range(self.cache.num_slots):
-            response = self.cache.response(slot)
-            if response is None or response.op != OpType.ALLREDUCE:
-                continue
-            ref = response.reference
-            if ref.device >= 0 or ref.reduce_op not in (AVERAGE, SUM) or len(set(ref.dtypes)) != 1:
-                continue
-            if ref.dtypes[0] not in _EAGER_DTYPES:
-                continue
-            numel = sum(math.prod(shape) for shape in ref.shapes)
-            if numel == 0 or numel > _EAGER_MAX_ELEMENTS or total + numel > self.eager_budget:
-                continue
-            layout[slot] = (total, numel)
-            total += numel
-        self._eager, self._eager_size, self._eager_version = layout, total, self.cache.version
-        return layout, total
-
-    def _write_eager(self, request: Request, vector: torch.Tensor, start: int) -> None:
-        prescale = request.meta.prescale
-        for tensor in request.inputs:
-            numel = tensor.numel()
-            target = vector[start : start + numel]
-            if prescale != 1.0 and not tensor.dtype.is_floating_point:
-                # Integers are scaled (and truncated) before the reduction, as on the data path.
-                scaled = tensor.reshape(-1).clone()
-                scale_(scaled, prescale)
-                target.copy_(scaled)
-            else:
-                target.copy_(tensor.reshape(-1))
-                if prescale != 1.0:
-                    target.mul_(prescale)
-            start += numel
-
-    def _finish_eager(self, response: Response, slot: int, summed: torch.Tensor, set_size: int) -> None:
-        ident = (response.set_id, response.key)
-        self.cache.touch(slot)
-        request = self._pending.pop(ident, None)
-        if self.rank == 0:
-            self.stall.forget(_display(ident))
-        if request is None:
-            return
-        ref = response.reference
-        post = ref.postscale / set_size if ref.reduce_op == AVERAGE else ref.postscale
-        if post != 1.0:
-            summed = summed * post
-        for name in request.meta.names:
-            self.timeline.end(name, f"NEGOTIATE_{request.meta.op.name}")
-            self.timeline.begin(name, "ALLREDUCE")
-        offset = 0
-        for i, tensor in enumerate(request.inputs):
-            numel = tensor.numel()
-            values = summed[offset : offset + numel]
-            if not tensor.dtype.is_floating_point:
-                values = values.trunc()
-            out = request.outputs[i]
-            if out is None:
-                out = request.outputs[i] = torch.empty_like(tensor)
-            out.reshape(-1).copy_(values)
-            offset += numel
-        for name in request.meta.names:
-            self.timeline.end(name, "ALLREDUCE")
-        self._complete(request, None)
-
-    def _gather(self, payload: bytes, lengths: list[int]) -> list[bytes]:
-        width = max(lengths)
-        if self.plane is not None and width <= self.plane.max_message:
-            return [bytes(data) for data in self.plane.allgather(payload)]
-        send = torch.zeros(width, dtype=torch.uint8)
-        if payload:
-            send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        recv = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
-        self.ctrl.allgather([recv], [send]).wait()
-        return [bytes(recv[r][: lengths[r]].numpy()) if lengths[r] else b"" for r in range(self.size)]
-
-    def _requeue_evicted(self, ident: tuple[int, str], sender: int) -> None:
-        """A rank re-sent a cached name with new metadata: our cached copy must be renegotiated too."""
-        request = self._pending.get(ident)
-        if request is not None and request.slot is not None:
-            request.slot = None
-            if sender != self.rank:
-                self._resend.append(request.meta)
-
-    def _requeue_displaced(self) -> None:
-        """Pending requests whose cache entry was evicted (capacity, removed set) are renegotiated."""
-        for ident, request in self._pending.items():
-            if request.slot is None:
-                continue
-            entry = self.cache.response(request.slot)
-            if entry is None or (entry.set_id, entry.key) != ident:
-                request.slot = None
-                if request.meta not in self._resend:
-                    self._resend.append(request.meta)
-
-    def _waiting(self, joined: set[int]) -> dict[str, tuple[float, set[int], list[int]]]:
-        waiting: dict[str, tuple[float, set[int], list[int]]] = {}
-        for ident, metas in self._table.items():
-            groups = self.sets.get(ident[0])
-            expected = [m for m in (groups.ranks if groups else []) if m not in joined]
-            seen = self._table_seen.get(ident, time.monotonic())
-            waiting[_display(ident)] = (seen, set(metas), expected)
-        for ident, request in self._pending.items():
-            groups = self.sets.get(ident[0])
-            expected = [m for m in (groups.ranks if groups else []) if m not in joined]
-            seen, submitted, _ = waiting.get(_display(ident), (request.submitted_at, set(), expected))
-            waiting[_display(ident)] = (min(seen, request.submitted_at), submitted | {self.rank}, expected)
-        for rank, reported in self.stall.reports.items():
-            for name, (first, set_id) in reported.items():
-                groups = self.sets.get(set_id)
-                expected = [m for m in (groups.ranks if groups else []) if m not in joined]
-                seen, submitted, _ = waiting.get(name, (first, set(), expected))
-                waiting[name] = (min(seen, first), submitted | {rank}, expected)
-        return waiting
+    def _finish_join(self, last: int) -> None:
+        """Every rank has joined: this rank's ``join()`` returns the rank that joined last."""
+        with self._cv:
+            number, self._join_handle = self._join_handle, None
+        if number is not None:
+            handle = self.handles.get(number)
+            if handle is not None:
+                handle.outputs = last
+                handle.done.set()
 
     # ------------------------------------------------------------- execution
-    def _execute(self, responses: list[Response]) -> None:
+    def _execute(self, ready: list[tuple[Response, Request | None]]) -> None:
+        """Run the agreed responses in order; consecutive compatible allreduces run fused."""
         runnable: list[tuple[Response, Request | None]] = []
-        for response in responses:
-            ident = (response.set_id, response.key)
-            request = self._pending.pop(ident, None)
-            if request is not None:
-                for name in request.meta.names:
-                    self.timeline.end(name, f"NEGOTIATE_{request.meta.op.name}")
-            if self.rank == 0:
-                self.stall.forget(_display(ident))
+        for response, request in ready:
             if response.error is not None:
                 self._complete(request, response.error)
                 continue
-            slot = self.cache.lookup(*ident)
-            if slot is not None:
-                self.cache.touch(slot)
-            if response.op in (OpType.BARRIER, OpType.PROCESS_SET_ADD, OpType.PROCESS_SET_REMOVE):
+            if response.op in _CONTROL_OPS:
                 result = self._apply_control(response)
                 if request is not None:
                     request.extra["result"] = result
@@ -714,14 +329,13 @@ class Engine:
     def _apply_control(self, response: Response) -> Any:
         ref = response.reference
         if response.op == OpType.PROCESS_SET_ADD:
-            return self.add_set(list(ref.payload or ()))
+            return self.groups.add_set(list(ref.payload or ()))
         if response.op == OpType.PROCESS_SET_REMOVE:
             set_id = (ref.payload or (0,))[0]
-            if set_id in self.sets and set_id != 0:
-                del self.sets[set_id]
-                self.cache.evict_set(set_id)
-                return True
-            return False
+            removed = self.groups.remove_set(set_id)
+            if removed:
+                self.controller.cache.evict_set(set_id)
+            return removed
         return None
 
     def _complete(self, request: Request | None, error: str | None) -> None:

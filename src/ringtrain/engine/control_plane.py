@@ -31,7 +31,7 @@ import secrets
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -49,27 +49,6 @@ _HELLO = struct.Struct("<8s32sI")
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _SIOCGIFADDR = 0x8915
-
-
-def _choice_from_env(name: str, what: str, default: str, meaning: str, other: str) -> str:
-    value = os.environ.get(name, default).strip().lower() or default
-    if value not in (default, other):
-        raise ValueError(
-            f"{name}={value!r} is not {what}. HINT: use {default!r} ({meaning}, the default) or {other!r}."
-        )
-    return value
-
-
-def mode_from_env() -> str:
-    """``tcp`` (default) or ``gloo``, from RINGTRAIN_CONTROL_PLANE; rank 0's value decides for all."""
-    return _choice_from_env("RINGTRAIN_CONTROL_PLANE", "a control plane", "tcp", "direct sockets", "gloo")
-
-
-def cpu_allreduce_from_env() -> str:
-    """``ring`` (default) or ``gloo``, from RINGTRAIN_CPU_ALLREDUCE; rank 0's value decides for all."""
-    return _choice_from_env(
-        "RINGTRAIN_CPU_ALLREDUCE", "a CPU allreduce", "ring", "over the control plane's sockets", "gloo"
-    )
 
 
 def node_identity() -> str:
@@ -109,12 +88,12 @@ def _route_address(target: str) -> str | None:
         return None
 
 
-def candidate_addresses(main_address: str) -> list[str]:
-    """Where peers on other nodes may reach this process, most likely first."""
+def candidate_addresses(main_address: str, interfaces: Sequence[str] = ()) -> list[str]:
+    """Where peers on other nodes may reach this process, most likely first (``interfaces``: those of
+    ``GLOO_SOCKET_IFNAME``)."""
     found: list[str | None] = []
-    for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(","):
-        if name.strip():
-            found.append(_interface_address(name.strip()))
+    for name in interfaces:
+        found.append(_interface_address(name))
     if main_address:
         found.append(_route_address(main_address))
     with contextlib.suppress(OSError):
@@ -145,7 +124,14 @@ class ControlPlane:
 
     @classmethod
     def connect(
-        cls, store: Any, rank: int, size: int, main_address: str, timeout_s: float, round_timeout_s: float
+        cls,
+        store: Any,
+        rank: int,
+        size: int,
+        main_address: str,
+        timeout_s: float,
+        round_timeout_s: float,
+        interfaces: Sequence[str] = (),
     ) -> ControlPlane:
         """Build the mesh through ``store`` (every rank of the world calls this)."""
         if rank == 0:
@@ -156,7 +142,7 @@ class ControlPlane:
         listener.bind(("0.0.0.0", 0))
         listener.listen(max(size, 16))
         port = listener.getsockname()[1]
-        me = {"node": node_identity(), "port": port, "hosts": candidate_addresses(main_address)}
+        me = {"node": node_identity(), "port": port, "hosts": candidate_addresses(main_address, interfaces)}
         store.set(f"ctrl/addr/{rank}", json.dumps(me))
         peers: dict[int, socket.socket] = {}
         deadline = time.monotonic() + timeout_s

@@ -35,7 +35,7 @@ _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _HALF = {torch.float16, torch.bfloat16}
 #: Elementwise reduction of two parts, for the reductions done here rather than by gloo (the mesh and
 #: the socket ring); each takes ``out=``. Average is a Sum scaled afterwards.
-_COMBINE = {SUM: torch.add, AVERAGE: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
+COMBINE = {SUM: torch.add, AVERAGE: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
 #: Gathered bytes (all ranks together) up to which a CPU allreduce of the global set uses the
 #: control plane's socket mesh instead of gloo.
 MESH_ALLREDUCE_BYTES = 1024 * 1024
@@ -143,7 +143,7 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
         if ref.device < 0 and mesh_fits(groups, wire):
             mesh_allreduce(groups.plane, wire, ref.reduce_op)
         elif ref.device < 0 and groups.ring:
-            ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), _COMBINE[ref.reduce_op])
+            ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), COMBINE[ref.reduce_op])
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
@@ -219,7 +219,7 @@ def mesh_allreduce(plane: Any, wire: torch.Tensor, reduce_op: int) -> None:
 
 def reduce_in_rank_order(parts: Sequence[torch.Tensor], reduce_op: int) -> torch.Tensor:
     """Every rank's part combined in rank order (a new tensor): same result on every rank."""
-    combine = _COMBINE.get(reduce_op, torch.add)
+    combine = COMBINE.get(reduce_op, torch.add)
     total = combine(parts[0], parts[1])
     for part in parts[2:]:
         total = combine(total, part)

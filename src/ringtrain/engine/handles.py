@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,15 @@ class HandleManager:
         """The number the next :meth:`allocate` will return."""
         with self._lock:
             return self._next
+
+    def issued(self, number: object) -> bool:
+        """Whether ``number`` was handed out by :meth:`allocate` (live or already cleared)."""
+        try:
+            value = operator.index(number)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        with self._lock:
+            return 0 <= value < self._next
 
     def get(self, number: int) -> Handle | None:
         with self._lock:

@@ -11,6 +11,9 @@ when such a slot turns out ready, the sum already is the result, and the request
 collective instead of two. Only when some
 rank has new (uncached) requests does the round add one allgather of pickled metadata. Every rank then
 runs the same decision code on the same replicated data, so no coordinator broadcast is needed.
+
+Both exchanges travel over the control plane's socket mesh when there is one (:func:`exchange`,
+:func:`gather`), else over the gloo control group.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine.requests import REDUCE_OP_NAMES, OpType, RequestMeta
+from ringtrain.engine.executor import mesh_allreduce, reduce_in_rank_order
+from ringtrain.engine.requests import REDUCE_OP_NAMES, SUM, OpType, RequestMeta
 
 FLAG_JOINED = 1
 FLAG_SHUTDOWN = 2
 FLAG_PENDING = 4
 
 HEADER_WIDTH = 2
+#: Rounds whose gathered vectors (all ranks together) fit in this many bytes use an allgather.
+_GATHER_ROUND_BYTES = 256 * 1024
 
 
 def build_vector(
@@ -55,6 +61,41 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 
 def decode_payload(data: bytes) -> dict[str, Any]:
     return pickle.loads(data)
+
+
+def exchange(vector: torch.Tensor, plane: Any, ctrl: Any, size: int) -> torch.Tensor:
+    """Sum every rank's round vector; the result is bit-identical on all ranks.
+
+    A small vector is allgathered and summed here in rank order: over the socket mesh (``plane``)
+    when there is one, else with one gloo ring pass on ``ctrl`` instead of the allreduce's two
+    (reduce-scatter, then allgather). Its length is a function of replicated state, so all ranks
+    pick the same path.
+    """
+    if size == 1:
+        return vector
+    nbytes = vector.numel() * vector.element_size()
+    if plane is not None and nbytes <= plane.max_message:
+        mesh_allreduce(plane, vector, SUM)
+        return vector
+    if size * nbytes > _GATHER_ROUND_BYTES:
+        ctrl.allreduce([vector]).wait()
+        return vector
+    rows = torch.empty(size, vector.numel(), dtype=vector.dtype)
+    ctrl._allgather_base(rows.view(-1), vector).wait()
+    return reduce_in_rank_order(rows.unbind(), SUM)
+
+
+def gather(payload: bytes, lengths: list[int], plane: Any, ctrl: Any, size: int) -> list[bytes]:
+    """Every rank's payload, in rank order (``lengths`` from the round's header)."""
+    width = max(lengths)
+    if plane is not None and width <= plane.max_message:
+        return [bytes(data) for data in plane.allgather(payload)]
+    send = torch.zeros(width, dtype=torch.uint8)
+    if payload:
+        send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    recv = [torch.empty(width, dtype=torch.uint8) for _ in range(size)]
+    ctrl.allgather([recv], [send]).wait()
+    return [bytes(recv[r][: lengths[r]].numpy()) if lengths[r] else b"" for r in range(size)]
 
 
 def _shape(shape: tuple[int, ...]) -> str:

@@ -7,10 +7,7 @@ combines the reports with the replicated table of uncached requests and logs Hor
 from __future__ import annotations
 
 import logging
-import os
 import time
-
-from ringtrain.engine.store import env_seconds
 
 log = logging.getLogger("ringtrain.engine.stall")
 
@@ -18,10 +15,11 @@ log = logging.getLogger("ringtrain.engine.stall")
 class StallInspector:
     """Tracks how long names wait and warns (rank 0) once they wait longer than the check time."""
 
-    def __init__(self) -> None:
-        self.disabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "").lower() in ("1", "true", "yes")
-        self.check_time = env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
-        self.shutdown_time = env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+    def __init__(self, check_time: float = 60.0, shutdown_time: float = 0.0, disabled: bool = False) -> None:
+        """Times in seconds (``HOROVOD_STALL_CHECK_TIME_SECONDS``, ``..._SHUTDOWN_TIME_SECONDS``)."""
+        self.disabled = disabled
+        self.check_time = check_time
+        self.shutdown_time = shutdown_time
         if self.shutdown_time and self.shutdown_time <= self.check_time:
             # Horovod only honours a shutdown time that exceeds the warning time.
             self.shutdown_time = 0.0

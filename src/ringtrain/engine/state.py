@@ -13,8 +13,6 @@ engine: Engine | None = None
 dynamic_sets = False
 #: Registered ProcessSet objects by id (id 0 is the global set).
 registered: dict[int, Any] = {}
-#: HOROVOD_TIMELINE was set at init time.
-timeline_enabled = False
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -40,24 +41,14 @@ class World:
     main_address: str = ""
 
 
-def env_seconds(name: str, default: float) -> float:
-    """A duration variable, with an error that names it."""
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(
-            f"{name}={value!r} is not a number of seconds. HINT: set {name} to e.g. 300."
-        ) from None
+def rendezvous(timeout_s: float) -> World:
+    """Find rank and size, connect to (or host) the store, and start a new generation.
 
-
-def rendezvous() -> World:
-    """Find rank and size, connect to (or host) the store, and start a new generation."""
+    ``timeout_s`` bounds the wait for the store (``HOROVOD_GLOO_TIMEOUT_SECONDS``).
+    """
     global _generation
     _generation += 1
-    timeout = datetime.timedelta(seconds=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0))
+    timeout = datetime.timedelta(seconds=timeout_s)
     placement = detect_environment().placement()
     if dist.is_available() and dist.is_initialized():
         # The user set up torch.distributed already: share its store, leave its groups alone.
@@ -112,40 +103,38 @@ def _base_store(address: str, port: int, rank: int, size: int, timeout: datetime
     return store
 
 
-def _gloo_devices(size: int) -> list[dist.ProcessGroupGloo.Device]:
+def _gloo_devices(size: int, interfaces: Sequence[str]) -> list[dist.ProcessGroupGloo.Device]:
     if size == 1:
         return [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    ifnames = os.environ.get("GLOO_SOCKET_IFNAME", "")
-    if ifnames:
-        return [dist.ProcessGroupGloo.create_device(interface=name) for name in ifnames.split(",") if name]
+    if interfaces:
+        return [dist.ProcessGroupGloo.create_device(interface=name) for name in interfaces]
     return [dist.ProcessGroupGloo.create_default_device()]
 
 
 def make_gloo_group(
-    world: World, tag: str, ranks: list[int], timeout_s: float | None = None
+    world: World, tag: str, ranks: list[int], timeout_s: float, interfaces: Sequence[str] = ()
 ) -> dist.ProcessGroupGloo | None:
     """A gloo group over ``ranks`` (global ranks); None on processes outside it.
 
     Only members take part in building it, so groups can be made for any subset without a
-    collective over the whole world.
+    collective over the whole world. ``interfaces`` are ``GLOO_SOCKET_IFNAME``'s (default: the
+    interface of the host name).
     """
     if world.rank not in ranks:
         return None
-    if timeout_s is None:
-        timeout_s = env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = datetime.timedelta(seconds=timeout_s)
-    options._devices = _gloo_devices(len(ranks))
+    options._devices = _gloo_devices(len(ranks), interfaces)
     store = dist.PrefixStore(f"{tag}/", world.store)
     return dist.ProcessGroupGloo(store, ranks.index(world.rank), len(ranks), options)
 
 
-def make_nccl_group(world: World, tag: str, ranks: list[int]) -> dist.ProcessGroup | None:
+def make_nccl_group(world: World, tag: str, ranks: list[int], timeout_s: float) -> dist.ProcessGroup | None:
     """An NCCL group over ``ranks`` for CUDA tensors; None on processes outside it."""
     if world.rank not in ranks:
         return None
     options = dist.ProcessGroupNCCL.Options()
-    options._timeout = datetime.timedelta(seconds=env_seconds("HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0))
+    options._timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore(f"{tag}/nccl/", world.store)
     return dist.ProcessGroupNCCL(store, ranks.index(world.rank), len(ranks), options)
 

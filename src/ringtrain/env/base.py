@@ -140,6 +140,22 @@ class ClusterEnvironment(ABC):
         )
 
 
+class OneProcessEnvironment(ClusterEnvironment):
+    """An environment that runs this process alone: rank 0 of a world of 1, on one node."""
+
+    def world_size(self) -> int:
+        return 1
+
+    def global_rank(self) -> int:
+        return 0
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_world_size(self) -> int:
+        return 1
+
+
 def read_int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
     """Read an integer variable, with an error that names the variable and its value."""
     value = environ.get(name)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from ringtrain.env.base import (
     LOOPBACK,
     ClusterEnvironment,
+    OneProcessEnvironment,
     port_from_job_id,
     read_int,
     same_host,
@@ -159,7 +160,7 @@ class SlurmEnvironment(ClusterEnvironment):
         return warnings
 
 
-class SlurmShellEnvironment(ClusterEnvironment):
+class SlurmShellEnvironment(OneProcessEnvironment):
     """The one process of a batch script, ``salloc`` shell or ``srun --pty bash`` in an allocation."""
 
     name = "slurm-shell"
@@ -193,18 +194,6 @@ class SlurmShellEnvironment(ClusterEnvironment):
         """The allocation's tasks on each host, expanded from ``SLURM_TASKS_PER_NODE``."""
         text = self.environ.get("SLURM_TASKS_PER_NODE", "")
         return parse_tasks_per_node(text) if text else []
-
-    def world_size(self) -> int:
-        return 1
-
-    def global_rank(self) -> int:
-        return 0
-
-    def local_rank(self) -> int:
-        return 0
-
-    def local_world_size(self) -> int:
-        return 1
 
     def default_main_port(self) -> int:
         return port_from_job_id(_job_id(self.environ))

@@ -1,0 +1,110 @@
+"""The engine's groups: the gloo control group, the control plane, and every process set's data groups.
+
+All of them are built from the job's store (:mod:`ringtrain.engine.store`), in the same order on every
+rank: at ``init()`` the control group, the socket mesh and the sets known then; a set added later
+gets its groups at the same point of the agreed order everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ringtrain.engine import control_plane
+from ringtrain.engine.executor import SetGroups
+from ringtrain.engine.settings import Settings
+from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
+
+
+class EngineGroups:
+    """What one engine communicates over; ``sets`` maps process set ids to their data groups."""
+
+    def __init__(self, world: World, settings: Settings) -> None:
+        self.world, self.settings = world, settings
+        self.rank, self.size = world.rank, world.size
+        # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead
+        # peer is detected by the broken connection, not by this timeout.
+        round_timeout = settings.round_timeout_s
+        self.ctrl = make_gloo_group(
+            world, "control", list(range(self.size)), round_timeout, settings.gloo_socket_ifname
+        )
+        self.plane = self._connect_plane(round_timeout)
+        ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
+        #: CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
+        self.cpu_ring = ring == "ring"
+        self.sets: dict[int, SetGroups] = {}
+        self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._next_set_id = 0
+
+    def add_set(self, ranks: list[int]) -> int:
+        """Register a process set locally and build its data group (members only); returns its id."""
+        set_id = self._next_set_id
+        self._next_set_id += 1
+        tag = f"set{set_id}"
+        world, timeout = self.world, self.settings.gloo_timeout_s
+        gloo = None
+        if set_id == 0:
+            # The global set's data runs on the control group: the same thread issues both, in the
+            # agreed order, and staying on one group keeps gloo's worker threads warm.
+            gloo = self.ctrl
+        elif self.rank in ranks:
+            gloo = make_gloo_group(world, tag, ranks, timeout, self.settings.gloo_socket_ifname)
+        groups = SetGroups(
+            set_id=set_id,
+            ranks=list(ranks),
+            gloo=gloo,
+            make_nccl=lambda: make_nccl_group(world, tag, list(ranks), timeout),
+            # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
+            plane=self.plane,
+            ring=self.cpu_ring,
+            buffers=self._fusion_buffers,
+            keep_bytes=self.settings.fusion_threshold_bytes,
+        )
+        if self.rank in ranks:
+            groups.extra["set_rank"] = ranks.index(self.rank)
+        self.sets[set_id] = groups
+        return set_id
+
+    def remove_set(self, set_id: int) -> bool:
+        """Forget a process set (never the global one); False when there is no such set."""
+        if set_id in self.sets and set_id != 0:
+            del self.sets[set_id]
+            return True
+        return False
+
+    def is_homogeneous(self) -> bool:
+        """Whether every host runs the same number of ranks (a collective over the control group)."""
+        mine = torch.tensor([self.world.local_size], dtype=torch.int64)
+        if self.size == 1:
+            return True
+        out = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
+        self.ctrl.allgather([out], [mine]).wait()
+        return len({int(t.item()) for t in out}) == 1
+
+    def _connect_plane(self, round_timeout: float) -> control_plane.ControlPlane | None:
+        """The socket mesh for rounds, or None where rounds go through gloo (rank 0 decides)."""
+        if self.size == 1:
+            return None
+        store = self.world.store
+
+        def mode() -> str:
+            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else self.settings.control_plane
+
+        if self._agree("ctrl/mode", mode) != "tcp":
+            return None
+        return control_plane.ControlPlane.connect(
+            store,
+            self.rank,
+            self.size,
+            self.world.main_address,
+            timeout_s=self.settings.gloo_timeout_s,
+            round_timeout_s=round_timeout,
+            interfaces=self.settings.gloo_socket_ifname,
+        )
+
+    def _agree(self, key: str, choose: Callable[[], str]) -> str:
+        """A setting every rank must share: rank 0's choice, published through the store."""
+        if self.rank == 0:
+            self.world.store.set(key, choose())
+        return self.world.store.get(key).decode()

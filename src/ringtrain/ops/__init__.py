@@ -1,0 +1,6 @@
+"""Horovod's collectives, one module per op family (:mod:`ringtrain.ops.allreduce`, ...).
+
+:mod:`ringtrain.mpi_ops` gathers them under Horovod's names; scripts import it as
+``horovod.torch.mpi_ops`` or through ``import ringtrain as hvd``. The families share
+:mod:`ringtrain.ops.requests`, which turns a call into an engine request and waits for it.
+"""
