@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 

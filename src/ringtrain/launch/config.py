@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ringtrain import __version__
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.agent import NodeSpec, run_node
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
