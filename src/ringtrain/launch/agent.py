@@ -38,11 +38,13 @@ class NodeSpec:
     run_id: str = "ringtrain"
     rdzv_timeout: float = 60.0
     max_restarts: int = 0
-    node_slots: tuple[int, ...] | None = None
-    node_hosts: tuple[str, ...] | None = None
+    host: str | None = None
+    """This node's name in failure reports (None: its host name)."""
     output_dir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the workers get on top of this process's environment."""
     failure_marker: bool = False
+    """Report a failure as a marker line for the driver that started this agent, not as a report."""
     verbose: bool = False
 
 
@@ -142,8 +144,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
 
     from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
 
-    host = spec.node_hosts[spec.node_rank] if spec.node_hosts and spec.node_rank < len(spec.node_hosts) \
-        else socket.gethostname()
+    host = spec.host or socket.gethostname()
     log_dir = tempfile.mkdtemp(prefix="ringtrain-run-")
     logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1))}
@@ -158,10 +159,6 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     env = dict(spec.env)
     # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
-    if spec.node_slots:
-        env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in spec.node_slots)
-    if spec.node_hosts:
-        env["RINGTRAIN_NODE_HOSTS"] = ",".join(spec.node_hosts)
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
     # into "$"; doubling each "$" hands the user's arguments over unchanged.
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]

@@ -72,16 +72,11 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
     try:
         with open(folder / "call.pkl", "wb") as fp:
             cloudpickle.dump((func, tuple(args), dict(kwargs or {})), fp)
-        worker_env = {"HOROVOD_START_TIMEOUT": f"{start_timeout or 30:g}"}
-        if nics:
-            worker_env.update(GLOO_SOCKET_IFNAME=",".join(nics), NCCL_SOCKET_IFNAME=",".join(nics),
-                              HOROVOD_GLOO_IFACE=nics[0])
         config = LaunchConfig(
             command=(sys.executable, "-m", "ringtrain.launch.func_runner", str(folder)),
             num_proc=num_proc, hosts=host_list, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
             start_timeout=float(start_timeout or 30), network_interfaces=nics,
-            output_filename=output_filename,
-            verbose=bool(verbose), worker_env=worker_env,
+            output_filename=output_filename, verbose=bool(verbose),
         )
         report = io.StringIO()
         try:
