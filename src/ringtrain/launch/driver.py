@@ -87,7 +87,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)
     if isinstance(plan, SrunPlan):
-        return _relaunch_with_srun(config, plan)
+        return relaunch_with_srun(config, plan)
     if isinstance(plan, HostsPlan):
         return _launch_hosts(config, plan, environ)
     return _launch_node(config, plan, environ)
@@ -185,7 +185,12 @@ def _absolute(path: str | None) -> str | None:
     return os.path.abspath(path) if path else None
 
 
-def _relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
+def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
+    """Inside a batch script spanning nodes: one ``srun`` task per node, each the agent of its node.
+
+    Each task gets ``config`` (with the plan's ranks per node) as JSON; it finds its node rank and
+    node 0's address in srun's variables. Returns srun's exit code.
+    """
     if shutil.which("srun") is None:
         raise UsageError(f"this Slurm job has {plan.nnodes} nodes but srun is not on PATH. HINT: load the "
                          "Slurm module, or start the job step yourself: "
