@@ -19,8 +19,12 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ringtrain.launch.report import RankFailure, earliest, format_report
+
+if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
@@ -114,20 +118,18 @@ def _tail(path: str | None, lines: int = 20) -> str:
         return ""
 
 
-def _failure_from(rank: int, proc_failure: object, host: str, stderr_path: str | None) -> RankFailure:
-    data = getattr(proc_failure, "error_file_data", {}) or {}
-    message_data = data.get("message") if isinstance(data, dict) else None
-    message, trace, when = "", "", float(getattr(proc_failure, "timestamp", 0) or 0)
+def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: str | None) -> RankFailure:
+    message_data = failure.error_file_data.get("message")
+    message, trace, when = "", "", float(failure.timestamp)
+    # A dict when the worker wrote the error file (worker_entry, or torch's @record); else no file.
     if isinstance(message_data, dict):
         message = str(message_data.get("message", ""))
-        extra = message_data.get("extraInfo", {}) or {}
+        extra = message_data.get("extraInfo") or {}
         trace = str(extra.get("py_callstack", ""))
         with contextlib.suppress(TypeError, ValueError):
             when = float(extra.get("time", extra.get("timestamp", when)))
-    return RankFailure(host=host, rank=rank, local_rank=int(getattr(proc_failure, "local_rank", -1)),
-                       exitcode=int(getattr(proc_failure, "exitcode", 1)),
-                       pid=int(getattr(proc_failure, "pid", 0)),
-                       time=when, message=message, traceback=trace,
+    return RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                       pid=failure.pid, time=when, message=message, traceback=trace,
                        output_tail="" if trace else _tail(stderr_path))
 
 

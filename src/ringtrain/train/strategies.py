@@ -166,6 +166,7 @@ class HorovodStrategy(Strategy):
     and a broadcast of parameters and optimizer state from rank 0."""
 
     name = "horovod"
+    _hvd: Any = None  # the API module once setup() has initialized it
 
     def setup(self) -> None:
         from ringtrain import mpi_ops
@@ -207,9 +208,8 @@ class HorovodStrategy(Strategy):
         return out.cpu()
 
     def teardown(self) -> None:
-        hvd = getattr(self, "_hvd", None)
-        if hvd is not None:
-            hvd.shutdown()
+        if self._hvd is not None:
+            self._hvd.shutdown()
             self._hvd = None
 
 
