@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -95,12 +96,14 @@ def _train_two_ranks(name: str) -> dict:
         with strategy.accumulating(model, sync=True):
             model(inputs).sum().backward()
         strategy.step(optimizer, None)  # Horovod averages the gradients in here, DDP during backward
-        grad = strategy.unwrap(model).weight.grad.clone()
-        weights = strategy.unwrap(model).weight.detach().clone()
-        total = strategy.sum(torch.tensor([float(rank + 1)]))
-        return {"rank": rank, "size": strategy.world_size, "grad": grad, "weights": weights,
-                "sum": total.item(), "wrapped": type(model).__name__}
+        result = {"rank": rank, "size": strategy.world_size, "wrapped": type(model).__name__,
+                  "grad": strategy.unwrap(model).weight.grad.clone(),
+                  "weights": strategy.unwrap(model).weight.detach().clone(),
+                  "sum": strategy.sum(torch.tensor([float(rank + 1)])).item()}
+        del model, optimizer  # the contract of teardown(): no DDP wrapper may outlive its process group
+        return result
     finally:
+        gc.collect()
         strategy.teardown()
 
 

@@ -84,7 +84,11 @@ class Strategy(ABC):
 
     @abstractmethod
     def teardown(self) -> None:
-        """Leave the job (only what ``setup`` started)."""
+        """Leave the job (only what ``setup`` started).
+
+        Drop what ``prepare`` returned first: a DDP wrapper freed after its process group is destroyed
+        can hang in gloo's destructor (``Trainer.close`` unwraps and collects before calling this).
+        """
 
 
 class DDPStrategy(Strategy):
