@@ -25,13 +25,7 @@ REPORT_ENV = str(Path(__file__).resolve().parent / "scripts" / "report_env.py")
 
 
 def read_ranks(folder: Path) -> dict[int, dict]:
-    ranks = {}
-    for path in folder.glob("*.json"):
-        try:
-            ranks[int(path.stem)] = json.loads(path.read_text())
-        except ValueError:  # being written right now
-            continue
-    return ranks
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
 
 
 def alive(pid: int) -> bool:

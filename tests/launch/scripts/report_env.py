@@ -10,8 +10,11 @@ mode = sys.argv[2] if len(sys.argv) > 2 else ""
 rank = os.environ["RANK"]
 prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_")
 keys = [k for k in os.environ if k.startswith(prefixes)]
-with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+# Written atomically: the tests poll this folder and must never read a half-written file.
+tmp = os.path.join(out, f".{rank}.json.tmp")
+with open(tmp, "w") as fp:
     json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid(), "argv": sys.argv[1:]}, fp)
+os.replace(tmp, os.path.join(out, f"{rank}.json"))
 print(f"hello from rank {rank}", flush=True)
 if mode == "fail" and rank == "1":
     raise ValueError("rank one gives up")
