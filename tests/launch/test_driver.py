@@ -142,26 +142,6 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
         agent.stop()
 
 
-def test_node_entry_refuses_a_hand_made_call(capsys):
-    from ringtrain.launch import node_entry
-
-    assert node_entry.main([]) == 2
-    assert "usage: python -m ringtrain.launch.node_entry CONFIG_JSON" in capsys.readouterr().err
-    assert node_entry.main(["{not json"]) == 2
-    assert "the node's configuration cannot be read" in capsys.readouterr().err
-    assert node_entry.main(['{"command": ["x"], "no_such_field": 1}']) == 2
-    assert "HINT: install the same ringtrain version" in capsys.readouterr().err
-
-
-def test_node_entry_turns_a_usage_error_into_exit_2(capsys):
-    from ringtrain.launch import node_entry
-
-    config = LaunchConfig(command=("ringtrain-no-such-command-xyz",))
-    assert node_entry.main([config.to_json()]) == 2
-    err = capsys.readouterr().err
-    assert "ringtrain run: error: command not found: 'ringtrain-no-such-command-xyz'" in err
-
-
 # --- the srun re-launch ---------------------------------------------------------------------------
 
 def fake_srun(folder: Path) -> Path:
