@@ -11,7 +11,6 @@ The checks go through ringtrain's Horovod-compatible API (``import ringtrain as 
 
 from __future__ import annotations
 
-import importlib
 import socket
 import statistics
 import time
@@ -22,6 +21,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+import ringtrain
 
 #: Reduce ops checked with allreduce, by their Horovod names.
 ALLREDUCE_OPS: tuple[str, ...] = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
@@ -89,22 +90,14 @@ class CheckReport:
 
 
 def load_api() -> ModuleType:
-    """ringtrain's Horovod-compatible API module.
-
-    The top-level package re-exports the collectives; while that re-export is missing (a partial
-    install, or during development) the ops module is used directly.
-    """
-    module = importlib.import_module("ringtrain")
-    if hasattr(module, "allreduce") and hasattr(module, "init"):
-        return module
-    return importlib.import_module("ringtrain.mpi_ops")
+    """ringtrain's Horovod-compatible API: the package itself, as in ``import ringtrain as hvd``."""
+    return ringtrain
 
 
 def backend_availability() -> dict[str, bool]:
     """Which torch.distributed backends this torch build has."""
-    probes = {"gloo": "is_gloo_available", "nccl": "is_nccl_available", "mpi": "is_mpi_available",
-              "ucc": "is_ucc_available"}
-    return {name: bool(getattr(dist, fn, lambda: False)()) for name, fn in probes.items()}
+    return {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+            "mpi": dist.is_mpi_available(), "ucc": dist.is_ucc_available()}
 
 
 def gpu_names() -> list[str]:

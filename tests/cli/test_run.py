@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from ringtrain.cli.main import main
-from ringtrain.cli.run import add_run_arguments
-from ringtrain.launch.config import config_from_args
-from ringtrain.launch.shim import SHIM_DIR
+from ringtrain.cli.run import add_run_arguments, config_from_args
+from ringtrain.shim import SHIM_DIR
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "launch" / "scripts"
 REPORT_ENV = str(SCRIPTS / "report_env.py")
@@ -283,7 +283,8 @@ PUBLIC_FLAGS = {
     "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
     "--no-horovod-shim",
 }
-INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}
+#: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
+FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}
 
 
 def test_the_set_of_flags_is_frozen_and_every_long_flag_has_a_snake_case_spelling():
@@ -291,7 +292,27 @@ def test_the_set_of_flags_is_frozen_and_every_long_flag_has_a_snake_case_spellin
     add_run_arguments(parser, environ={})
     options = {o for action in parser._actions for o in action.option_strings} - {"-h", "--help"}
     dashed = {o for o in options if "_" not in o}
-    assert dashed == PUBLIC_FLAGS | INTERNAL_FLAGS
+    assert dashed == PUBLIC_FLAGS
     for flag in PUBLIC_FLAGS:
         if flag.startswith("--") and "-" in flag[2:]:
             assert "--" + flag[2:].replace("-", "_") in options, flag
+
+
+def test_help_shows_no_internal_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    shown = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text)) - {"-h", "--help"}
+    assert not shown & FORMER_INTERNAL_FLAGS
+    # every flag the help names is public ("--no-<x>" of the on/off tuning flags is not shown at all)
+    assert {flag.replace("_", "-") for flag in shown} <= PUBLIC_FLAGS
+    assert "--network-interfaces" in shown
+    assert "--no-horovod-shim" in shown
+
+
+def test_a_former_internal_flag_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--node-slots", "1,1", "python", "x.py"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --node-slots" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from tests.integration.system import ringtrain_argv, ringtrain_has_command, skip
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).with_name("allreduce_script.py")
+REPORT_ENV = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "report_env.py"
 
 
 def test_srun_check_takes_ranks_from_slurm(slurm_cluster: SlurmCluster) -> None:
@@ -48,3 +50,28 @@ def test_generated_slurm_script_runs_with_sbatch(slurm_cluster: SlurmCluster, tm
     # ranks that reduced correctly.
     found = sorted(re.findall(r"rank (\d+) of (\d+) local (\d+) env \S+ sum (\d+)", log))
     assert found == [("0", "2", "0", "1"), ("1", "2", "1", "1")], log
+
+
+def test_a_batch_job_over_nodes_relaunches_through_srun_with_the_config(slurm_cluster: SlurmCluster,
+                                                                         tmp_path: Path) -> None:
+    """What `ringtrain run` does in a batch script spanning several nodes: srun starts one agent per node,
+    handing it the LaunchConfig as JSON. The test cluster has one node, so the plan is made by hand
+    (srun allocates the node itself); the tasks' half is real: srun, node_entry, the agent, the ranks."""
+    skip_unless_collectives()
+    code = (
+        "import sys\n"
+        "from ringtrain.launch.config import LaunchConfig\n"
+        "from ringtrain.launch.driver import relaunch_with_srun\n"
+        "from ringtrain.launch.plan import SrunPlan\n"
+        f"config = LaunchConfig(command=(sys.executable, {str(REPORT_ENV)!r}, {str(tmp_path)!r}),\n"
+        "                      num_proc=5, tuning={'HOROVOD_CYCLE_TIME': '3'}, verbose=True)\n"
+        "sys.exit(relaunch_with_srun(config, SrunPlan(nnodes=1, nproc_per_node=2)))\n")
+    result = slurm_cluster.run([sys.executable, "-c", code], timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ringtrain.launch.node_entry" in result.stderr  # --verbose shows the srun command line
+    ranks = {int(p.stem): json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert sorted(ranks) == [0, 1]  # the plan's two ranks per node win over num_proc
+    for rank, env in ranks.items():
+        assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"]) == (str(rank), "2")
+        assert env["HOROVOD_LOCAL_RANK"] == str(rank)
+        assert env["HOROVOD_CYCLE_TIME"] == "3"  # the config's tuning reached the workers through the hop

@@ -3,6 +3,7 @@ prints the shim path, and the small helpers Horovod's own tests import."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.cli.main import main
-from ringtrain.shim import SHIM_DIR
+from ringtrain.shim import SHIM_DIR, real_horovod_importable, shim_pythonpath
 
 SCRIPT = Path(__file__).resolve().parent / "hvd_script.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,3 +84,35 @@ def test_in_thread_and_util_helpers():
         assert os.environ["RINGTRAIN_SHIM_TEST"] == "1"
     assert "RINGTRAIN_SHIM_TEST" not in os.environ
     assert split_list(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+
+
+@pytest.fixture
+def no_horovod_module():
+    """Leave ``import horovod`` as it was found: these tests put packages of that name on sys.path."""
+    saved_path = list(sys.path)
+    yield
+    sys.path[:] = saved_path
+    for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def test_only_a_horovod_other_than_the_shim_counts_as_real(tmp_path, no_horovod_module):
+    assert not real_horovod_importable()  # none installed here
+    sys.path.insert(0, str(SHIM_DIR))
+    importlib.invalidate_caches()
+    assert not real_horovod_importable()  # the shim itself is not "real Horovod"
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    importlib.invalidate_caches()
+    assert real_horovod_importable()
+    assert shim_pythonpath({"PYTHONPATH": "/mine"}) is None  # real Horovod wins: the shim stays out
+
+
+def test_shim_pythonpath_puts_the_shim_first_once(no_horovod_module):
+    shim = str(SHIM_DIR)
+    assert shim_pythonpath({}) == shim
+    assert shim_pythonpath({"PYTHONPATH": "/a:/b"}) == os.pathsep.join([shim, "/a", "/b"])
+    assert shim_pythonpath({"PYTHONPATH": f"/a:{shim}"}) is None
+    assert shim_pythonpath({"PYTHONPATH": "/a"}, enabled=False) is None

@@ -146,16 +146,10 @@ def run(args: argparse.Namespace) -> int:
         watchdog.current = "verdict"
         total_failures = checks.count_failures_everywhere(hvd, len(report.failures))
         _print_report(report, total_failures, args.json)
-        _shutdown(hvd)
+        hvd.shutdown()
     finally:
         watchdog.cancel()
     return 0 if total_failures == 0 and report.ok else EXIT_FAILED
-
-
-def _shutdown(hvd: Any) -> None:
-    shutdown = getattr(hvd, "shutdown", None)
-    if shutdown is not None:
-        shutdown()
 
 
 def _print_report(report: Any, total_failures: int, as_json: bool) -> None:

@@ -1,101 +1,85 @@
-"""``ringtrain run``: horovodrun's and torchrun's flags in one parser.
+"""``ringtrain run``: horovodrun's and torchrun's flags in one parser, turned into a ``LaunchConfig``.
 
 Every flag can also come from one environment variable, ``RINGTRAIN_<DEST>`` (for example
 ``RINGTRAIN_NPROC_PER_NODE=4`` or ``RINGTRAIN_NUM_PROC=2``); a flag on the command line wins. Long
-flags accept both ``--dash-case`` and ``--snake_case``.
+flags accept both ``--dash-case`` and ``--snake_case``. A new flag touches this module and
+:class:`~ringtrain.launch.config.LaunchConfig` only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.launch.config import TUNING_FLAGS, config_from_args
-
-ENV_PREFIX = "RINGTRAIN_"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def env_name(dest: str) -> str:
-    """The environment variable that sets the flag whose argparse ``dest`` is ``dest``."""
-    return ENV_PREFIX + dest.upper()
+from ringtrain.cli.options import EnvFlag, EnvOption, non_negative, spellings
+from ringtrain.exceptions import UsageError
+from ringtrain.launch.config import LaunchConfig
+from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 
 
-def _parse_bool(name: str, value: str) -> bool:
-    if value.strip().lower() in _TRUE:
-        return True
-    if value.strip().lower() in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"{name}={value!r} is not a boolean. HINT: set it to 1 or 0.")
+@dataclass(frozen=True)
+class TuningFlag:
+    """A horovodrun tuning flag that only sets a ``HOROVOD_*`` (or NCCL) variable for the workers."""
+
+    flag: str
+    dest: str
+    variable: str
+    kind: str  # "int", "float", "str", "true" (store_true -> "1"), "bool" (--x / --no-x -> 1/0)
+    help: str
+    scale: float = 1.0
+    upper: float | None = None
 
 
-class EnvOption(argparse.Action):
-    """A valued option whose default comes from ``RINGTRAIN_<DEST>`` when that variable is set.
-
-    The value is a string, so argparse still runs it through ``type`` and reports bad values the
-    same way as bad flags (exit code 2).
-    """
-
-    def __init__(self, option_strings: Sequence[str], dest: str, environ: Mapping[str, str] | None = None,
-                 default: Any = None, help: str | None = None, **kwargs: Any) -> None:
-        environ = os.environ if environ is None else environ
-        if env_name(dest) in environ:
-            default = environ[env_name(dest)]
-        if help and help != argparse.SUPPRESS:
-            help = f"{help} [env {env_name(dest)}]"
-        super().__init__(option_strings, dest, default=default, help=help, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-
-
-class EnvFlag(argparse.Action):
-    """A switch (``--flag`` sets ``const``) whose default comes from ``RINGTRAIN_<DEST>=1|0``."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, environ: Mapping[str, str] | None = None,
-                 const: Any = True, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
-        environ = os.environ if environ is None else environ
-        name = env_name(dest)
-        if name in environ:
-            try:
-                flag = _parse_bool(name, environ[name])
-            except argparse.ArgumentTypeError as exc:
-                raise argparse.ArgumentError(None, str(exc)) from None
-            default = const if flag else (not const if isinstance(const, bool) else None)
-        if help and help != argparse.SUPPRESS:
-            help = f"{help} [env {name}]"
-        super().__init__(option_strings, dest, nargs=0, const=const, default=default, help=help, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, self.const)
-
-
-def _non_negative(kind: type) -> Any:
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-        return value
-
-    convert.__name__ = kind.__name__
-    return convert
-
-
-def _spellings(*names: str) -> list[str]:
-    """The given option strings plus the snake_case spelling of every dashed long option."""
-    out = list(names)
-    for name in names:
-        if name.startswith("--") and "-" in name[2:]:
-            out.append("--" + name[2:].replace("-", "_"))
-    return out
+TUNING_FLAGS: tuple[TuningFlag, ...] = (
+    TuningFlag("--fusion-threshold-mb", "fusion_threshold_mb", "HOROVOD_FUSION_THRESHOLD", "float",
+               "fuse allreduces up to this many MiB (0 disables fusion)", scale=1024 * 1024),
+    TuningFlag("--cycle-time-ms", "cycle_time_ms", "HOROVOD_CYCLE_TIME", "float",
+               "background negotiation cycle in milliseconds"),
+    TuningFlag("--cache-capacity", "cache_capacity", "HOROVOD_CACHE_CAPACITY", "int",
+               "response cache entries (0 disables)"),
+    TuningFlag("--hierarchical-allreduce", "hierarchical_allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+               "bool", "hierarchical allreduce (accepted; no effect on gloo)"),
+    TuningFlag("--hierarchical-allgather", "hierarchical_allgather", "HOROVOD_HIERARCHICAL_ALLGATHER",
+               "bool", "hierarchical allgather (accepted; no effect on gloo)"),
+    TuningFlag("--torus-allreduce", "torus_allreduce", "HOROVOD_TORUS_ALLREDUCE", "bool",
+               "torus allreduce (accepted; no effect on gloo)"),
+    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true", "autotune (accepted)"),
+    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str",
+               "autotune log file (accepted)"),
+    TuningFlag("--autotune-warmup-samples", "autotune_warmup_samples", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+               "int", "autotune warm-up samples (accepted)"),
+    TuningFlag("--autotune-steps-per-sample", "autotune_steps_per_sample",
+               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", "autotune steps per sample (accepted)"),
+    TuningFlag("--autotune-bayes-opt-max-samples", "autotune_bayes_opt_max_samples",
+               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", "autotune samples (accepted)"),
+    TuningFlag("--autotune-gaussian-process-noise", "autotune_gaussian_process_noise",
+               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "autotune noise in [0, 1] (accepted)",
+               upper=1.0),
+    TuningFlag("--timeline-filename", "timeline_filename", "HOROVOD_TIMELINE", "str",
+               "write a Chrome-trace timeline to this file"),
+    TuningFlag("--timeline-mark-cycles", "timeline_mark_cycles", "HOROVOD_TIMELINE_MARK_CYCLES", "true",
+               "mark negotiation cycles in the timeline"),
+    TuningFlag("--no-stall-check", "no_stall_check", "HOROVOD_STALL_CHECK_DISABLE", "true",
+               "disable the stall inspector"),
+    TuningFlag("--stall-check-warning-time-seconds", "stall_check_warning_time_seconds",
+               "HOROVOD_STALL_CHECK_TIME_SECONDS", "int", "warn about stalled tensors after this many s"),
+    TuningFlag("--stall-check-shutdown-time-seconds", "stall_check_shutdown_time_seconds",
+               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "int", "shut down after a stall of this many s"),
+    TuningFlag("--gloo-timeout-seconds", "gloo_timeout_seconds", "HOROVOD_GLOO_TIMEOUT_SECONDS", "int",
+               "timeout of gloo rendezvous and operations in seconds"),
+    TuningFlag("--num-nccl-streams", "num_nccl_streams", "HOROVOD_NUM_NCCL_STREAMS", "int",
+               "NCCL streams (accepted)"),
+    TuningFlag("--thread-affinity", "thread_affinity", "HOROVOD_THREAD_AFFINITY", "str",
+               "background thread affinity (accepted)"),
+    TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",
+               "accepted for horovodrun compatibility"),
+    TuningFlag("--log-without-timestamp", "log_without_timestamp", "HOROVOD_LOG_HIDE_TIME", "true",
+               "hide timestamps in Horovod log lines"),
+    TuningFlag("--tcp", "tcp", "NCCL_IB_DISABLE", "true", "use TCP only for NCCL (sets NCCL_IB_DISABLE=1)"),
+)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
@@ -103,12 +87,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     environ = os.environ if environ is None else environ
 
     def option(*names: str, **kwargs: Any) -> None:
-        parser.add_argument(*_spellings(*names), action=EnvOption, environ=environ, **kwargs)
+        parser.add_argument(*spellings(*names), action=EnvOption, environ=environ, **kwargs)
 
     def flag(*names: str, **kwargs: Any) -> None:
-        parser.add_argument(*_spellings(*names), action=EnvFlag, environ=environ, **kwargs)
+        parser.add_argument(*spellings(*names), action=EnvFlag, environ=environ, **kwargs)
 
-    nonneg_int, nonneg_float = _non_negative(int), _non_negative(float)
+    nonneg_int, nonneg_float = non_negative(int), non_negative(float)
     option("-np", "--num-proc", dest="num_proc", type=int, metavar="N", help="total number of processes")
     option("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...", help="hosts and their slots")
     option("-hostfile", "--hostfile", dest="hostfile", metavar="FILE", help="file of 'host slots=N' lines")
@@ -131,11 +115,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
            help="HOROVOD_LOG_LEVEL of the workers")
     tuning = parser.add_argument_group("tuning options (set HOROVOD_* variables of the workers)")
     for spec in TUNING_FLAGS:
-        names = _spellings(spec.flag)
+        names = spellings(spec.flag)
         if spec.kind == "bool":
             tuning.add_argument(*names, dest=spec.dest, action=EnvFlag, environ=environ, const=True,
                                 help=spec.help)
-            tuning.add_argument(*_spellings("--no-" + spec.flag[2:]), dest=spec.dest, action=EnvFlag,
+            tuning.add_argument(*spellings("--no-" + spec.flag[2:]), dest=spec.dest, action=EnvFlag,
                                 environ={}, const=False, help=argparse.SUPPRESS)
         elif spec.kind == "true":
             tuning.add_argument(*names, dest=spec.dest, action=EnvFlag, environ=environ, help=spec.help)
@@ -145,36 +129,145 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                                 help=spec.help)
 
     tr = parser.add_argument_group("torchrun options")
-    tr.add_argument(*_spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
                     metavar="N|MIN:MAX", help="number of nodes")
-    tr.add_argument(*_spellings("--nproc-per-node"), dest="nproc_per_node", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--nproc-per-node"), dest="nproc_per_node", action=EnvOption, environ=environ,
                     metavar="N|cpu|gpu|auto", help="processes on this node")
-    tr.add_argument(*_spellings("--node-rank"), dest="node_rank", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--node-rank"), dest="node_rank", action=EnvOption, environ=environ,
                     type=nonneg_int, help="index of this node")
-    tr.add_argument(*_spellings("--rdzv-backend"), dest="rdzv_backend", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--rdzv-backend"), dest="rdzv_backend", action=EnvOption, environ=environ,
                     help="rendezvous backend: static (default) or c10d")
-    tr.add_argument(*_spellings("--rdzv-endpoint"), dest="rdzv_endpoint", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--rdzv-endpoint"), dest="rdzv_endpoint", action=EnvOption, environ=environ,
                     metavar="HOST:PORT", help="rendezvous address")
-    tr.add_argument(*_spellings("--rdzv-id"), dest="rdzv_id", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--rdzv-id"), dest="rdzv_id", action=EnvOption, environ=environ,
                     help="job id shared by all nodes")
-    tr.add_argument(*_spellings("--standalone"), dest="standalone", action=EnvFlag, environ=environ,
+    tr.add_argument(*spellings("--standalone"), dest="standalone", action=EnvFlag, environ=environ,
                     help="single node, rendezvous on a free local port")
-    tr.add_argument(*_spellings("--max-restarts"), dest="max_restarts", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--max-restarts"), dest="max_restarts", action=EnvOption, environ=environ,
                     type=nonneg_int, default="0", help="restarts of the worker group before failing")
-    tr.add_argument(*_spellings("--master-addr"), dest="master_addr", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--master-addr"), dest="master_addr", action=EnvOption, environ=environ,
                     help="address of node 0 (static rendezvous)")
-    tr.add_argument(*_spellings("--master-port"), dest="master_port", action=EnvOption, environ=environ,
+    tr.add_argument(*spellings("--master-port"), dest="master_port", action=EnvOption, environ=environ,
                     type=nonneg_int, help="port of the rendezvous store on node 0")
-    tr.add_argument(*_spellings("--no-horovod-shim"), dest="no_horovod_shim", action=EnvFlag, environ=environ,
+    tr.add_argument(*spellings("--no-horovod-shim"), dest="no_horovod_shim", action=EnvFlag, environ=environ,
                     help="do not put ringtrain's 'horovod' package on the workers' PYTHONPATH")
-    # Internal: set by a multi-host driver for the per-host agents it starts.
-    for name in ("--node-slots", "--node-hosts"):
-        parser.add_argument(name, dest=name[2:].replace("-", "_"), default=None, help=argparse.SUPPRESS)
-    for name in ("--failure-marker", "--watch-stdin"):
-        parser.add_argument(name, dest=name[2:].replace("-", "_"), action="store_true",
-                            help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX``, both at least 1."""
+    parts = value.split(":")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (1, 2) or min(numbers) < 1 or numbers[0] > numbers[-1]:
+        raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX with 1 <= MIN <= MAX. "
+                         "HINT: write e.g. --nnodes 2 or --nnodes 1:4.")
+    return numbers[0], numbers[-1]
+
+
+def parse_nproc_per_node(value: str) -> int:
+    """A count, or ``cpu`` / ``gpu`` / ``auto`` as torchrun understands them."""
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if value == "cpu":
+        return os.cpu_count() or 1
+    if value in ("gpu", "auto"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count:
+            return count
+        if value == "auto":
+            return os.cpu_count() or 1
+        raise UsageError("--nproc-per-node gpu was given but no CUDA device is visible. "
+                         "HINT: use a number or 'cpu', or run on a machine with GPUs.")
+    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, 'cpu', 'gpu' or 'auto'. "
+                     "HINT: write e.g. --nproc-per-node 4.")
+
+
+def tuning_env(args: argparse.Namespace) -> dict[str, str]:
+    """The worker variables set by horovodrun's tuning flags that were given.
+
+    Negative numbers never get here: the parser's types refuse them, from flags and variables alike.
+    """
+    env: dict[str, str] = {}
+    for spec in TUNING_FLAGS:
+        value = getattr(args, spec.dest, None)
+        if value is None or (value is False and spec.kind != "bool"):
+            continue
+        if spec.kind == "true":
+            env[spec.variable] = "1"
+        elif spec.kind == "bool":
+            env[spec.variable] = "1" if value else "0"
+        elif spec.kind in ("int", "float"):
+            if spec.upper is not None and value > spec.upper:
+                raise UsageError(f"{spec.flag} {value} must lie in [0, {spec.upper:g}]. "
+                                 f"HINT: give a value between 0 and {spec.upper:g}.")
+            scaled = value * spec.scale
+            env[spec.variable] = str(int(scaled)) if spec.kind == "int" or spec.scale != 1 else f"{scaled:g}"
+        else:
+            env[spec.variable] = str(value)
+    return env
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
+    command = tuple(args.command or ())
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command and not args.check_build:
+        raise UsageError("no command to run. HINT: write the program after the options, "
+                         "e.g. ringtrain run -np 2 python train.py.")
+    if args.num_proc is not None and args.num_proc < 1:
+        raise UsageError(f"-np {args.num_proc} must be at least 1. HINT: give the number of processes, "
+                         "e.g. -np 2.")
+    if args.hosts and args.hostfile:
+        raise UsageError("-H and --hostfile were both given. HINT: list the hosts in one place only.")
+    hosts = parse_hosts(args.hosts) if args.hosts \
+        else parse_hostfile(args.hostfile) if args.hostfile else None
+    if args.master_port is not None and args.master_port > 65535:
+        raise UsageError(f"--master-port {args.master_port} is not a TCP port. HINT: use 1024..65535.")
+    if args.rdzv_backend and args.rdzv_backend not in ("static", "c10d"):
+        raise UsageError(f"--rdzv-backend {args.rdzv_backend!r} is not supported. "
+                         "HINT: use c10d (elastic) or static.")
+    notes = []
+    if args.mpi:
+        notes.append("--mpi accepted: ranks communicate through torch.distributed (gloo/NCCL), not MPI.")
+    for name in ("mpi_args", "binding_args"):
+        if getattr(args, name):
+            notes.append(f"--{name.replace('_', '-')} accepted and ignored: no mpirun is started.")
+    for spec in TUNING_FLAGS:
+        if getattr(args, spec.dest) is not None and "(accepted" in spec.help:
+            notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")
+    return LaunchConfig(
+        notes=tuple(notes),
+        command=command,
+        num_proc=args.num_proc,
+        hosts=hosts,
+        ssh_port=args.ssh_port,
+        ssh_identity_file=args.ssh_identity_file,
+        start_timeout=float(args.start_timeout),
+        network_interfaces=tuple(n.strip() for n in (args.network_interfaces or "").split(",") if n.strip()),
+        output_filename=args.output_filename,
+        verbose=bool(args.verbose),
+        check_build=bool(args.check_build),
+        log_level=args.log_level,
+        nnodes=parse_nnodes(args.nnodes) if args.nnodes else None,
+        nproc_per_node=parse_nproc_per_node(args.nproc_per_node) if args.nproc_per_node else None,
+        node_rank=args.node_rank,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        standalone=bool(args.standalone),
+        max_restarts=args.max_restarts,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        horovod_shim=not args.no_horovod_shim,
+        tuning=tuning_env(args),
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:

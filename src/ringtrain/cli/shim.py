@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ringtrain.shim import SHIM_DIR
+from ringtrain.shim import SHIM_DIR, real_horovod_importable
 
 
 def register(subparsers: Any) -> None:
@@ -35,9 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the shim directory (and, with --check, which horovod an import would find)."""
     print(SHIM_DIR)
     if args.check:
-        from ringtrain.shim.__main__ import _real_horovod_importable
-
-        if _real_horovod_importable():
+        if real_horovod_importable():
             print("note: a real `horovod` package is importable here; it takes precedence over the shim "
                   "only if it comes first on sys.path")
         else:

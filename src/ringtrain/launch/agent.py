@@ -19,8 +19,12 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ringtrain.launch.report import RankFailure, earliest, format_report
+
+if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
@@ -38,11 +42,13 @@ class NodeSpec:
     run_id: str = "ringtrain"
     rdzv_timeout: float = 60.0
     max_restarts: int = 0
-    node_slots: tuple[int, ...] | None = None
-    node_hosts: tuple[str, ...] | None = None
+    host: str | None = None
+    """This node's name in failure reports (None: its host name)."""
     output_dir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the workers get on top of this process's environment."""
     failure_marker: bool = False
+    """Report a failure as a marker line for the driver that started this agent, not as a report."""
     verbose: bool = False
 
 
@@ -112,20 +118,18 @@ def _tail(path: str | None, lines: int = 20) -> str:
         return ""
 
 
-def _failure_from(rank: int, proc_failure: object, host: str, stderr_path: str | None) -> RankFailure:
-    data = getattr(proc_failure, "error_file_data", {}) or {}
-    message_data = data.get("message") if isinstance(data, dict) else None
-    message, trace, when = "", "", float(getattr(proc_failure, "timestamp", 0) or 0)
+def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: str | None) -> RankFailure:
+    message_data = failure.error_file_data.get("message")
+    message, trace, when = "", "", float(failure.timestamp)
+    # A dict when the worker wrote the error file (worker_entry, or torch's @record); else no file.
     if isinstance(message_data, dict):
         message = str(message_data.get("message", ""))
-        extra = message_data.get("extraInfo", {}) or {}
+        extra = message_data.get("extraInfo") or {}
         trace = str(extra.get("py_callstack", ""))
         with contextlib.suppress(TypeError, ValueError):
             when = float(extra.get("time", extra.get("timestamp", when)))
-    return RankFailure(host=host, rank=rank, local_rank=int(getattr(proc_failure, "local_rank", -1)),
-                       exitcode=int(getattr(proc_failure, "exitcode", 1)),
-                       pid=int(getattr(proc_failure, "pid", 0)),
-                       time=when, message=message, traceback=trace,
+    return RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                       pid=failure.pid, time=when, message=message, traceback=trace,
                        output_tail="" if trace else _tail(stderr_path))
 
 
@@ -142,8 +146,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
 
     from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
 
-    host = spec.node_hosts[spec.node_rank] if spec.node_hosts and spec.node_rank < len(spec.node_hosts) \
-        else socket.gethostname()
+    host = spec.host or socket.gethostname()
     log_dir = tempfile.mkdtemp(prefix="ringtrain-run-")
     logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1))}
@@ -158,10 +161,6 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     env = dict(spec.env)
     # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
-    if spec.node_slots:
-        env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in spec.node_slots)
-    if spec.node_hosts:
-        env["RINGTRAIN_NODE_HOSTS"] = ",".join(spec.node_hosts)
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
     # into "$"; doubling each "$" hands the user's arguments over unchanged.
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]

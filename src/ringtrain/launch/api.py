@@ -18,7 +18,6 @@ from typing import Any
 
 import cloudpickle
 
-from ringtrain.cli.errors import UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 
@@ -36,8 +35,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
     """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks; returns their results in rank order.
 
     Raises ``RuntimeError`` with the root-cause report when a rank fails, ``ValueError`` for bad
-    arguments. ``np`` is the deprecated spelling of ``num_proc``; the elastic arguments
-    (``min_num_proc``, ``max_num_proc``, ``host_discovery_script``, ...) are not supported yet.
+    arguments (a :class:`~ringtrain.exceptions.UsageError` where the launcher refuses them). ``np`` is
+    the deprecated spelling of ``num_proc``; the elastic arguments (``min_num_proc``,
+    ``max_num_proc``, ``host_discovery_script``, ...) are not supported yet.
     """
     num_proc = num_proc if num_proc is not None else np
     elastic = {"min_num_proc": min_num_proc if min_num_proc is not None else min_np,
@@ -58,10 +58,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         nics = tuple(network_interfaces or ())
     if network_interface:
         nics = (*nics, *[n for n in network_interface.split(",") if n])
-    try:
-        host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
-    except UsageError as exc:
-        raise ValueError(str(exc)) from None
+    host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else None
     if num_proc is None:
         num_proc = sum(h.slots for h in host_list) if host_list else 1
     if num_proc < 1:
@@ -72,23 +69,15 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
     try:
         with open(folder / "call.pkl", "wb") as fp:
             cloudpickle.dump((func, tuple(args), dict(kwargs or {})), fp)
-        worker_env = {"HOROVOD_START_TIMEOUT": f"{start_timeout or 30:g}"}
-        if nics:
-            worker_env.update(GLOO_SOCKET_IFNAME=",".join(nics), NCCL_SOCKET_IFNAME=",".join(nics),
-                              HOROVOD_GLOO_IFACE=nics[0])
         config = LaunchConfig(
             command=(sys.executable, "-m", "ringtrain.launch.func_runner", str(folder)),
             num_proc=num_proc, hosts=host_list, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
             start_timeout=float(start_timeout or 30), network_interfaces=nics,
-            output_filename=output_filename,
-            verbose=bool(verbose), worker_env=worker_env,
+            output_filename=output_filename, verbose=bool(verbose),
         )
         report = io.StringIO()
-        try:
-            with redirect_stderr(_Tee(report, sys.stderr)):
-                code = launch(config)
-        except UsageError as exc:
-            raise ValueError(str(exc)) from None
+        with redirect_stderr(_Tee(report, sys.stderr)):
+            code = launch(config)
         if code != 0:
             text = report.getvalue()
             start = text.find("ringtrain run: job failed")

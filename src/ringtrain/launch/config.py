@@ -1,82 +1,40 @@
-"""The resolved launch request: a frozen ``LaunchConfig`` built by the pure ``config_from_args``.
+"""The resolved launch request: a frozen ``LaunchConfig``, and what it means for the workers' environment.
 
-``config_from_args`` turns the parsed command line into values and checks them; it reads no
-environment and touches no file except a ``--hostfile``. Where the job runs (Slurm, PBS, hosts) is
-decided later by :mod:`ringtrain.launch.plan`.
+The command line builds it (``ringtrain.cli.run.config_from_args``), so do ``ringtrain.run(func)`` and
+``ringtrain train``. Where the job runs (Slurm, PBS, hosts) is decided later by
+:mod:`ringtrain.launch.plan`. A driver hands a config to the agent of each host (and an ``srun`` task)
+as JSON (:meth:`LaunchConfig.to_json`), so a field added here reaches every node with no other change.
+
+Every variable a worker gets from ``ringtrain run`` is derived here, in :func:`worker_environment`.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
+import dataclasses
+import json
+import socket
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ringtrain.cli.errors import UsageError
-from ringtrain.launch.hosts import HostSlots, parse_hostfile, parse_hosts
+from ringtrain.launch.hosts import HostSlots
+from ringtrain.shim import shim_pythonpath
 
 
 @dataclass(frozen=True)
-class TuningFlag:
-    """A horovodrun tuning flag that only sets a ``HOROVOD_*`` (or NCCL) variable for the workers."""
+class DriverLink:
+    """Set by a multi-host driver on the config of each agent it starts; never by a flag.
 
-    flag: str
-    dest: str
-    variable: str
-    kind: str  # "int", "float", "str", "true" (store_true -> "1"), "bool" (--x / --no-x -> 1/0)
-    help: str
-    scale: float = 1.0
-    upper: float | None = None
+    Such an agent reports failures as marker lines for the driver to relay, and stops its ranks
+    when its stdin closes (the driver went away).
+    """
 
-
-TUNING_FLAGS: tuple[TuningFlag, ...] = (
-    TuningFlag("--fusion-threshold-mb", "fusion_threshold_mb", "HOROVOD_FUSION_THRESHOLD", "float",
-               "fuse allreduces up to this many MiB (0 disables fusion)", scale=1024 * 1024),
-    TuningFlag("--cycle-time-ms", "cycle_time_ms", "HOROVOD_CYCLE_TIME", "float",
-               "background negotiation cycle in milliseconds"),
-    TuningFlag("--cache-capacity", "cache_capacity", "HOROVOD_CACHE_CAPACITY", "int",
-               "response cache entries (0 disables)"),
-    TuningFlag("--hierarchical-allreduce", "hierarchical_allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE",
-               "bool", "hierarchical allreduce (accepted; no effect on gloo)"),
-    TuningFlag("--hierarchical-allgather", "hierarchical_allgather", "HOROVOD_HIERARCHICAL_ALLGATHER",
-               "bool", "hierarchical allgather (accepted; no effect on gloo)"),
-    TuningFlag("--torus-allreduce", "torus_allreduce", "HOROVOD_TORUS_ALLREDUCE", "bool",
-               "torus allreduce (accepted; no effect on gloo)"),
-    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true", "autotune (accepted)"),
-    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str",
-               "autotune log file (accepted)"),
-    TuningFlag("--autotune-warmup-samples", "autotune_warmup_samples", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-               "int", "autotune warm-up samples (accepted)"),
-    TuningFlag("--autotune-steps-per-sample", "autotune_steps_per_sample",
-               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", "autotune steps per sample (accepted)"),
-    TuningFlag("--autotune-bayes-opt-max-samples", "autotune_bayes_opt_max_samples",
-               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", "autotune samples (accepted)"),
-    TuningFlag("--autotune-gaussian-process-noise", "autotune_gaussian_process_noise",
-               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "autotune noise in [0, 1] (accepted)",
-               upper=1.0),
-    TuningFlag("--timeline-filename", "timeline_filename", "HOROVOD_TIMELINE", "str",
-               "write a Chrome-trace timeline to this file"),
-    TuningFlag("--timeline-mark-cycles", "timeline_mark_cycles", "HOROVOD_TIMELINE_MARK_CYCLES", "true",
-               "mark negotiation cycles in the timeline"),
-    TuningFlag("--no-stall-check", "no_stall_check", "HOROVOD_STALL_CHECK_DISABLE", "true",
-               "disable the stall inspector"),
-    TuningFlag("--stall-check-warning-time-seconds", "stall_check_warning_time_seconds",
-               "HOROVOD_STALL_CHECK_TIME_SECONDS", "int", "warn about stalled tensors after this many s"),
-    TuningFlag("--stall-check-shutdown-time-seconds", "stall_check_shutdown_time_seconds",
-               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "int", "shut down after a stall of this many s"),
-    TuningFlag("--gloo-timeout-seconds", "gloo_timeout_seconds", "HOROVOD_GLOO_TIMEOUT_SECONDS", "int",
-               "timeout of gloo rendezvous and operations in seconds"),
-    TuningFlag("--num-nccl-streams", "num_nccl_streams", "HOROVOD_NUM_NCCL_STREAMS", "int",
-               "NCCL streams (accepted)"),
-    TuningFlag("--thread-affinity", "thread_affinity", "HOROVOD_THREAD_AFFINITY", "str",
-               "background thread affinity (accepted)"),
-    TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",
-               "accepted for horovodrun compatibility"),
-    TuningFlag("--log-without-timestamp", "log_without_timestamp", "HOROVOD_LOG_HIDE_TIME", "true",
-               "hide timestamps in Horovod log lines"),
-    TuningFlag("--tcp", "tcp", "NCCL_IB_DISABLE", "true", "use TCP only for NCCL (sets NCCL_IB_DISABLE=1)"),
-)
+    node_slots: tuple[int, ...]
+    """Ranks on every node, in node-rank order (Horovod's cross rank and size come from them)."""
+    node_hosts: tuple[str, ...]
+    """Every node's host name as the driver knows it, in node-rank order (``HOROVOD_HOSTNAME``)."""
 
 
 @dataclass(frozen=True)
@@ -105,15 +63,28 @@ class LaunchConfig:
     master_addr: str | None = None
     master_port: int | None = None
     horovod_shim: bool = True
-    #: Variables every worker gets on top of the launcher's environment (tuning flags, NIC choice).
-    worker_env: Mapping[str, str] = field(default_factory=dict)
-    #: Internal, set by a multi-host driver for the agents it starts: slots per node, node host names.
-    node_slots: tuple[int, ...] | None = None
-    node_hosts: tuple[str, ...] | None = None
-    failure_marker: bool = False
-    watch_stdin: bool = False
-    #: Warnings about flags that were accepted but change nothing here; printed by ``launch``.
+    tuning: Mapping[str, str] = field(default_factory=dict)
+    """``HOROVOD_*`` (and NCCL) variables set by horovodrun's tuning flags."""
+    driver: DriverLink | None = None
+    """Set on the agents a multi-host driver starts (see :class:`DriverLink`)."""
     notes: tuple[str, ...] = ()
+    """Warnings about flags that were accepted but change nothing here; printed by ``launch``."""
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        """The variables this config alone gives every worker: tuning flags, NICs, log level, timeout.
+
+        :func:`worker_environment` adds what depends on the host and the node.
+        """
+        env = dict(self.tuning)
+        if self.network_interfaces:
+            env["GLOO_SOCKET_IFNAME"] = ",".join(self.network_interfaces)
+            env["NCCL_SOCKET_IFNAME"] = ",".join(self.network_interfaces)
+            env["HOROVOD_GLOO_IFACE"] = self.network_interfaces[0]
+        if self.log_level:
+            env["HOROVOD_LOG_LEVEL"] = self.log_level
+        env["HOROVOD_START_TIMEOUT"] = f"{self.start_timeout:g}"
+        return env
 
     def table(self) -> str:
         """The resolved configuration as an aligned two-column table (``--verbose``)."""
@@ -122,7 +93,7 @@ class LaunchConfig:
             value: Any = getattr(self, f.name)
             if f.name == "hosts" and value:
                 value = ",".join(f"{h.host}:{h.slots}" for h in value)
-            elif f.name == "worker_env":
+            elif f.name == "tuning":
                 value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
             elif f.name == "command":
                 value = " ".join(value)
@@ -130,136 +101,75 @@ class LaunchConfig:
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"  {name.ljust(width)} : {value}" for name, value in rows)
 
+    def to_json(self) -> str:
+        """This config as one line of JSON (what a driver hands to each node's agent)."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
-def parse_nnodes(value: str) -> tuple[int, int]:
-    """``N`` or ``MIN:MAX``, both at least 1."""
-    parts = value.split(":")
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) not in (1, 2) or min(numbers) < 1 or numbers[0] > numbers[-1]:
-        raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX with 1 <= MIN <= MAX. "
-                         "HINT: write e.g. --nnodes 2 or --nnodes 1:4.")
-    return numbers[0], numbers[-1]
+    @classmethod
+    def from_json(cls, text: str) -> LaunchConfig:
+        """The inverse of :meth:`to_json`; a field this ringtrain does not know is an error."""
+        return _decode(cls, json.loads(text))
 
 
-def parse_nproc_per_node(value: str) -> int:
-    """A count, or ``cpu`` / ``gpu`` / ``auto`` as torchrun understands them."""
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    if value == "cpu":
-        return os.cpu_count() or 1
-    if value in ("gpu", "auto"):
-        import torch
+def _decode(hint: Any, value: Any) -> Any:
+    """``value`` (as ``json.loads`` gives it) as the type ``hint`` names: tuples, dataclasses, unions."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _decode(inner, value)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], item) for item in value)
+        return tuple(_decode(arg, item) for arg, item in zip(args, value))
+    if origin is not None and issubclass(origin, Mapping):
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        names = {f.name for f in fields(hint)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"{hint.__name__} JSON has unknown field(s) {unknown}. HINT: install the same "
+                             "ringtrain version on every host of the job.")
+        return hint(**{name: _decode(hints[name], item) for name, item in value.items()})
+    if hint is float:
+        return float(value)
+    return value
 
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count:
-            return count
-        if value == "auto":
-            return os.cpu_count() or 1
-        raise UsageError("--nproc-per-node gpu was given but no CUDA device is visible. "
-                         "HINT: use a number or 'cpu', or run on a machine with GPUs.")
-    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, 'cpu', 'gpu' or 'auto'. "
-                     "HINT: write e.g. --nproc-per-node 4.")
 
+def worker_environment(config: LaunchConfig, environ: Mapping[str, str], nproc: int, local_only: bool,
+                       node_hosts: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Variables the workers of this node get on top of ``environ`` (the agent's own environment).
 
-def tuning_env(args: argparse.Namespace) -> dict[str, str]:
-    """The worker variables set by horovodrun's tuning flags that were given."""
-    env: dict[str, str] = {}
-    for spec in TUNING_FLAGS:
-        value = getattr(args, spec.dest, None)
-        if value is None or (value is False and spec.kind != "bool"):
-            continue
-        if spec.kind == "true":
-            env[spec.variable] = "1"
-        elif spec.kind == "bool":
-            env[spec.variable] = "1" if value else "0"
-        elif spec.kind in ("int", "float"):
-            if value < 0:
-                raise UsageError(f"{spec.flag} {value} must be >= 0. HINT: give a non-negative number.")
-            if spec.upper is not None and value > spec.upper:
-                raise UsageError(f"{spec.flag} {value} must lie in [0, {spec.upper:g}]. "
-                                 f"HINT: give a value between 0 and {spec.upper:g}.")
-            scaled = value * spec.scale
-            env[spec.variable] = str(int(scaled)) if spec.kind == "int" or spec.scale != 1 else f"{scaled:g}"
-        else:
-            env[spec.variable] = str(value)
+    The config's own (:attr:`LaunchConfig.worker_env`), then: unbuffered output, one thread per rank
+    when several share the node, loopback for gloo on a single machine, the ``horovod`` shim on
+    PYTHONPATH, and the node layout a driver knows (``RINGTRAIN_NODE_SLOTS`` / ``_HOSTS``).
+    """
+    env = config.worker_env
+    env["PYTHONUNBUFFERED"] = "1"
+    if "OMP_NUM_THREADS" not in environ and nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun: n ranks x all cores oversubscribes the machine
+    if local_only and "GLOO_SOCKET_IFNAME" not in environ and "GLOO_SOCKET_IFNAME" not in env:
+        names = {name for _, name in socket_if_names()}
+        if "lo" in names:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+    pythonpath = shim_pythonpath(environ, config.horovod_shim)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    if config.driver is not None:
+        env["RINGTRAIN_NODE_SLOTS"] = ",".join(str(s) for s in config.driver.node_slots)
+        node_hosts = config.driver.node_hosts
+    if node_hosts:
+        env["RINGTRAIN_NODE_HOSTS"] = ",".join(node_hosts)
     return env
 
 
-def config_from_args(args: argparse.Namespace) -> LaunchConfig:
-    """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
-    command = tuple(args.command or ())
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command and not args.check_build:
-        raise UsageError("no command to run. HINT: write the program after the options, "
-                         "e.g. ringtrain run -np 2 python train.py.")
-    if args.num_proc is not None and args.num_proc < 1:
-        raise UsageError(f"-np {args.num_proc} must be at least 1. HINT: give the number of processes, "
-                         "e.g. -np 2.")
-    if args.hosts and args.hostfile:
-        raise UsageError("-H and --hostfile were both given. HINT: list the hosts in one place only.")
-    hosts = parse_hosts(args.hosts) if args.hosts \
-        else parse_hostfile(args.hostfile) if args.hostfile else None
-    for name in ("start_timeout", "max_restarts", "ssh_port", "master_port", "node_rank"):
-        value = getattr(args, name)
-        if value is not None and value < 0:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} {value} must be >= 0. HINT: give a non-negative number.")
-    if args.master_port is not None and args.master_port > 65535:
-        raise UsageError(f"--master-port {args.master_port} is not a TCP port. HINT: use 1024..65535.")
-    worker_env = tuning_env(args)
-    nics = tuple(n.strip() for n in (args.network_interfaces or "").split(",") if n.strip())
-    if nics:
-        worker_env["GLOO_SOCKET_IFNAME"] = ",".join(nics)
-        worker_env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
-        worker_env["HOROVOD_GLOO_IFACE"] = nics[0]
-    if args.log_level:
-        worker_env["HOROVOD_LOG_LEVEL"] = args.log_level
-    worker_env["HOROVOD_START_TIMEOUT"] = f"{args.start_timeout:g}"
-    nnodes = parse_nnodes(args.nnodes) if args.nnodes else None
-    nproc_per_node = parse_nproc_per_node(args.nproc_per_node) if args.nproc_per_node else None
-    if args.rdzv_backend and args.rdzv_backend not in ("static", "c10d"):
-        raise UsageError(f"--rdzv-backend {args.rdzv_backend!r} is not supported. "
-                         "HINT: use c10d (elastic) or static.")
-    notes = []
-    if getattr(args, "mpi", None):
-        notes.append("--mpi accepted: ranks communicate through torch.distributed (gloo/NCCL), not MPI.")
-    for name in ("mpi_args", "binding_args"):
-        if getattr(args, name, None):
-            notes.append(f"--{name.replace('_', '-')} accepted and ignored: no mpirun is started.")
-    for spec in TUNING_FLAGS:
-        if getattr(args, spec.dest, None) is not None and "(accepted" in spec.help:
-            notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")
-    return LaunchConfig(
-        notes=tuple(notes),
-        command=command,
-        num_proc=args.num_proc,
-        hosts=hosts,
-        ssh_port=args.ssh_port,
-        ssh_identity_file=args.ssh_identity_file,
-        start_timeout=float(args.start_timeout),
-        network_interfaces=nics,
-        output_filename=args.output_filename,
-        verbose=bool(args.verbose),
-        check_build=bool(args.check_build),
-        log_level=args.log_level,
-        nnodes=nnodes,
-        nproc_per_node=nproc_per_node,
-        node_rank=args.node_rank,
-        rdzv_backend=args.rdzv_backend,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        standalone=bool(args.standalone),
-        max_restarts=args.max_restarts,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        horovod_shim=not args.no_horovod_shim,
-        worker_env=worker_env,
-        node_slots=tuple(int(s) for s in args.node_slots.split(",")) if args.node_slots else None,
-        node_hosts=tuple(args.node_hosts.split(",")) if args.node_hosts else None,
-        failure_marker=bool(args.failure_marker),
-        watch_stdin=bool(args.watch_stdin),
-    )
+def socket_if_names() -> list[tuple[int, str]]:
+    """Network interfaces of this host (empty where the platform cannot list them)."""
+    try:
+        return socket.if_nameindex()
+    except OSError:
+        return []
+

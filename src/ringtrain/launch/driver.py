@@ -1,9 +1,10 @@
 """``launch(config)``: start the ranks the plan asks for, wait, and report the first failure once.
 
 One node here: the elastic agent runs in this process. Several hosts: this process is a driver that
-starts one agent per host (``ringtrain run --node-rank k ...``; directly for this machine, over ssh
-for the others), relays their output, stops all of them as soon as one fails, and prints the
-earliest failure of all hosts as the root cause.
+starts one agent per host (``python -m ringtrain.launch.node_entry CONFIG_JSON``; directly for this
+machine, over ssh for the others), relays their output, stops all of them as soon as one fails, and
+prints the earliest failure of all hosts as the root cause. Inside a Slurm batch script spanning
+several nodes, ``srun`` starts one such agent per node instead.
 """
 
 from __future__ import annotations
@@ -12,21 +13,23 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ringtrain import __version__
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.agent import NodeSpec, run_node
-from ringtrain.launch.config import LaunchConfig
+from ringtrain.launch.config import DriverLink, LaunchConfig, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
 from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, probe_hosts, remote_command
 from ringtrain.launch.report import RankFailure, earliest, format_report
-from ringtrain.launch.shim import shim_pythonpath
 from ringtrain.launch.worker_entry import is_python
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
@@ -70,49 +73,21 @@ def check_build() -> str:
     ])
 
 
-def worker_environment(config: LaunchConfig, environ: Mapping[str, str], nproc: int,
-                       local_only: bool) -> dict[str, str]:
-    """Variables the workers get on top of ours: tuning flags, threads, loopback NIC, the shim."""
-    env = dict(config.worker_env)
-    env["PYTHONUNBUFFERED"] = "1"
-    if "OMP_NUM_THREADS" not in environ and nproc > 1:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun: n ranks x all cores oversubscribes the machine
-    if local_only and "GLOO_SOCKET_IFNAME" not in environ and "GLOO_SOCKET_IFNAME" not in env:
-        names = {name for _, name in socket_if_names()}
-        if "lo" in names:
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-    pythonpath = shim_pythonpath(environ, config.horovod_shim)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    return env
-
-
-def socket_if_names() -> list[tuple[int, str]]:
-    """Network interfaces of this host (empty where the platform cannot list them)."""
-    import socket
-
-    try:
-        return socket.if_nameindex()
-    except OSError:
-        return []
-
-
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """Run ``config.command`` as the configured ranks; returns the launcher's exit code."""
     environ = dict(os.environ if environ is None else environ)
     if config.check_build:
         print(check_build())
         return 0
-    if not config.failure_marker:  # a driver's agents would repeat what the driver said
-        for note in config.notes:
-            print(f"ringtrain run: warning: {note}", file=sys.stderr)
+    for note in config.notes:
+        print(f"ringtrain run: warning: {note}", file=sys.stderr)
     if config.verbose:
         print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)
     if isinstance(plan, SrunPlan):
-        return _relaunch_with_srun(config, plan)
+        return relaunch_with_srun(config, plan)
     if isinstance(plan, HostsPlan):
         return _launch_hosts(config, plan, environ)
     return _launch_node(config, plan, environ)
@@ -128,16 +103,18 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         endpoint = f"{config.master_addr or '127.0.0.1'}:{config.master_port or free_port()}"
     elif plan.node_rank == 0 and plan.rdzv_backend == "static" and is_local_host(endpoint.rpartition(":")[0]):
         check_port_free(int(endpoint.rpartition(":")[2]))
+    driven = config.driver is not None
+    hosts = config.driver.node_hosts if config.driver is not None else node_hosts
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,
         rdzv_timeout=max(config.start_timeout, 1.0) * 4, max_restarts=config.max_restarts,
-        node_slots=config.node_slots, node_hosts=config.node_hosts or node_hosts,
+        host=hosts[plan.node_rank] if hosts and plan.node_rank < len(hosts) else None,
         output_dir=config.output_filename,
-        env=worker_environment(config, environ, plan.nproc, plan.local_only),
-        failure_marker=config.failure_marker, verbose=config.verbose,
+        env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
+        failure_marker=driven, verbose=config.verbose,
     )
-    watcher = _watch_stdin() if config.watch_stdin else None
+    watcher = _watch_stdin() if driven else None
     try:
         return run_node(spec, list(config.command))
     finally:
@@ -189,48 +166,43 @@ def live_children(pid: int) -> list[int]:
     return children
 
 
-def node_argv(config: LaunchConfig, node_rank: int, nnodes: int, nproc: int, endpoint: str, run_id: str,
-              slots: Sequence[int], hosts: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The ``ringtrain run`` command line of one host's agent, started by a driver."""
-    argv = [python, "-m", "ringtrain", "run", "--node-rank", str(node_rank), "--nnodes", str(nnodes),
-            "--nproc-per-node", str(nproc), "--rdzv-backend", "static", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id, "--node-slots", ",".join(map(str, slots)), "--node-hosts", ",".join(hosts),
-            "--start-timeout", f"{config.start_timeout:g}", "--max-restarts", str(config.max_restarts),
-            "--failure-marker", "--watch-stdin"]
-    if config.output_filename:
-        argv += ["--output-filename", os.path.abspath(config.output_filename)]
-    if not config.horovod_shim:
-        argv.append("--no-horovod-shim")
-    if config.verbose:
-        argv.append("--verbose")
-    return [*argv, "--", *config.command]
+def node_config(config: LaunchConfig, node_rank: int, nnodes: int, nproc: int, endpoint: str, run_id: str,
+                slots: Sequence[int], hosts: Sequence[str]) -> LaunchConfig:
+    """The config of one host's agent, started by a driver: this node's part of a static rendezvous."""
+    return replace(config, num_proc=None, hosts=None, nnodes=(nnodes, nnodes), nproc_per_node=nproc,
+                   node_rank=node_rank, rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_id=run_id,
+                   master_addr=None, master_port=None, output_filename=_absolute(config.output_filename),
+                   check_build=False, notes=(), driver=DriverLink(tuple(slots), tuple(hosts)))
 
 
-def _relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
+def node_argv(config: LaunchConfig, python: str = sys.executable) -> list[str]:
+    """The command line that runs ``config`` as an agent (started by a driver, ssh or srun)."""
+    return [python, "-m", "ringtrain.launch.node_entry", config.to_json()]
+
+
+def _absolute(path: str | None) -> str | None:
+    # an agent may start in another folder (srun tasks, remote hosts): give it the full path
+    return os.path.abspath(path) if path else None
+
+
+def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
+    """Inside a batch script spanning nodes: one ``srun`` task per node, each the agent of its node.
+
+    Each task gets ``config`` (with the plan's ranks per node) as JSON; it finds its node rank and
+    node 0's address in srun's variables. Returns srun's exit code.
+    """
     if shutil.which("srun") is None:
         raise UsageError(f"this Slurm job has {plan.nnodes} nodes but srun is not on PATH. HINT: load the "
                          "Slurm module, or start the job step yourself: "
                          "srun --ntasks-per-node=1 ringtrain run ...")
-    argv = [sys.executable, "-m", "ringtrain", "run", "--nproc-per-node", str(plan.nproc_per_node),
-            "--start-timeout", f"{config.start_timeout:g}", "--max-restarts", str(config.max_restarts)]
-    for flag, value in (("--master-addr", config.master_addr), ("--master-port", config.master_port),
-                        ("--output-filename",
-                         config.output_filename and os.path.abspath(config.output_filename)),
-                        ("--rdzv-id", config.rdzv_id)):
-        if value:
-            argv += [flag, str(value)]
-    if not config.horovod_shim:
-        argv.append("--no-horovod-shim")
-    if config.verbose:
-        argv.append("--verbose")
+    task = replace(config, nproc_per_node=plan.nproc_per_node,
+                   output_filename=_absolute(config.output_filename), check_build=False, notes=())
     srun = ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.nnodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", *argv, "--", *config.command]
+            "--kill-on-bad-exit=1", *node_argv(task)]
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
-    env = dict(os.environ)
-    env.update(config.worker_env)
-    proc = subprocess.Popen(srun, env=env)
+    proc = subprocess.Popen(srun)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -298,8 +270,6 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     first = nodes[0].host
     addr = config.master_addr or first
     if local[0] and is_loopback_name(addr) and not all(local):
-        import socket
-
         addr = socket.getfqdn()
     if config.master_port:
         port = config.master_port
@@ -308,15 +278,9 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     else:
         port = free_port() if local[0] else 29400 + os.getpid() % 1000
     endpoint = f"{addr}:{port}"
-    import uuid
-
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
     slots = [n.slots for n in nodes]
     hosts = [n.host for n in nodes]
-    extra = dict(config.worker_env)
-    pythonpath = shim_pythonpath(environ, config.horovod_shim)
-    if pythonpath:
-        extra["PYTHONPATH"] = pythonpath
     failures: list[RankFailure] = []
     lock = threading.Lock()
     procs: list[_Node] = []
@@ -332,13 +296,11 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
             saved[sig] = signal.signal(sig, on_signal)
     try:
         for k, (node, is_local) in enumerate(zip(nodes, local)):
-            argv = node_argv(config, k, len(nodes), node.slots, endpoint, run_id, slots, hosts)
+            argv = node_argv(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots, hosts))
             if is_local:
-                env = dict(os.environ)
-                env.update(extra)
-                procs.append(_Node(k, node.host, argv, env, False, failures, lock))
+                procs.append(_Node(k, node.host, argv, None, False, failures, lock))
             else:
-                cmd = remote_command(node.host, argv, forwarded_environment(environ, extra), cwd_for_remote(),
+                cmd = remote_command(node.host, argv, forwarded_environment(environ), cwd_for_remote(),
                                      config.ssh_port, config.ssh_identity_file, config.start_timeout)
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)

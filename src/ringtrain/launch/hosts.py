@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 
 _HOST_ENTRY = re.compile(r"^[\w.-]+:[0-9]+$")
 _HOSTFILE_LINE = re.compile(r"^(?P<host>[\w.-]+)(?:\s+slots\s*=\s*(?P<slots>[0-9]+))?\s*$")

@@ -13,11 +13,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ringtrain.cli.errors import UsageError
 from ringtrain.env.base import port_from_job_id
 from ringtrain.env.pbs import hosts_from_nodefile
 from ringtrain.env.slurm import expand_nodelist, parse_tasks_per_node
-from ringtrain.exceptions import ClusterEnvironmentError
+from ringtrain.exceptions import ClusterEnvironmentError, UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 

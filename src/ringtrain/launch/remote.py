@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 
 #: Variables a remote agent needs from here: where Python and our package are, and every knob of the
 #: libraries the workers use.

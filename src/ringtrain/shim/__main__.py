@@ -12,22 +12,9 @@ import runpy
 import sys
 from collections.abc import Sequence
 
-from ringtrain.shim import SHIM_DIR
+from ringtrain.shim import SHIM_DIR, real_horovod_importable, shim_pythonpath
 
 USAGE = "usage: python -m ringtrain.shim (script.py | -m module) [args...]"
-
-
-def _real_horovod_importable() -> bool:
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("horovod")
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    locations = [os.path.realpath(p) for p in (spec.submodule_search_locations or [])]
-    return not any(loc.startswith(str(SHIM_DIR) + os.sep) for loc in locations)
 
 
 def enable() -> bool:
@@ -35,14 +22,14 @@ def enable() -> bool:
 
     Returns True when the shim was enabled.
     """
-    if _real_horovod_importable():
+    if real_horovod_importable():
         return False
     shim = str(SHIM_DIR)
     if shim not in sys.path:
         sys.path.insert(0, shim)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if shim not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([shim, *parts])
+    pythonpath = shim_pythonpath(os.environ)
+    if pythonpath is not None:
+        os.environ["PYTHONPATH"] = pythonpath
     return True
 
 

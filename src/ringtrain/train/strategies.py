@@ -84,7 +84,11 @@ class Strategy(ABC):
 
     @abstractmethod
     def teardown(self) -> None:
-        """Leave the job (only what ``setup`` started)."""
+        """Leave the job (only what ``setup`` started).
+
+        Drop what ``prepare`` returned first: a DDP wrapper freed after its process group is destroyed
+        can hang in gloo's destructor (``Trainer.close`` unwraps and collects before calling this).
+        """
 
 
 class DDPStrategy(Strategy):
@@ -166,6 +170,7 @@ class HorovodStrategy(Strategy):
     and a broadcast of parameters and optimizer state from rank 0."""
 
     name = "horovod"
+    _hvd: Any = None  # the API module once setup() has initialized it
 
     def setup(self) -> None:
         from ringtrain import mpi_ops
@@ -207,9 +212,8 @@ class HorovodStrategy(Strategy):
         return out.cpu()
 
     def teardown(self) -> None:
-        hvd = getattr(self, "_hvd", None)
-        if hvd is not None:
-            hvd.shutdown()
+        if self._hvd is not None:
+            self._hvd.shutdown()
             self._hvd = None
 
 

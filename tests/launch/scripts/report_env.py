@@ -1,5 +1,9 @@
-"""Worker for launcher tests: write this rank's environment to OUT/<RANK>.json; optionally fail or sleep."""
+"""Worker for launcher tests: write this rank's environment to OUT/<RANK>.json; optionally fail or sleep.
 
+``fail``: rank 1 raises ValueError once every rank has written its file. ``sleep``: every rank sleeps.
+"""
+
+import glob
 import json
 import os
 import sys
@@ -10,10 +14,19 @@ mode = sys.argv[2] if len(sys.argv) > 2 else ""
 rank = os.environ["RANK"]
 prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_")
 keys = [k for k in os.environ if k.startswith(prefixes)]
-with open(os.path.join(out, f"{rank}.json"), "w") as fp:
+# Written atomically: the tests poll this folder and must never read a half-written file.
+tmp = os.path.join(out, f".{rank}.json.tmp")
+with open(tmp, "w") as fp:
     json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid(), "argv": sys.argv[1:]}, fp)
+os.replace(tmp, os.path.join(out, f"{rank}.json"))
 print(f"hello from rank {rank}", flush=True)
 if mode == "fail" and rank == "1":
+    # wait until every rank has reported: the tests then see the whole job, however slowly it started
+    deadline = time.monotonic() + 120
+    while len(glob.glob(os.path.join(out, "*.json"))) < int(os.environ["WORLD_SIZE"]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     raise ValueError("rank one gives up")
 if mode == "sleep":
     time.sleep(600)

@@ -1,0 +1,221 @@
+"""The driver: the hop to each node's agent (``python -m ringtrain.launch.node_entry CONFIG_JSON``), what
+a driven agent does (failure markers, stop on EOF), the srun re-launch, and the checks before any rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ringtrain.launch.driver as driver
+from ringtrain.exceptions import UsageError
+from ringtrain.launch.config import DriverLink, LaunchConfig
+from ringtrain.launch.hosts import HostSlots
+from ringtrain.launch.plan import SrunPlan
+from ringtrain.launch.report import RankFailure
+from tests.ranks import free_port
+
+REPORT_ENV = str(Path(__file__).resolve().parent / "scripts" / "report_env.py")
+
+
+def read_ranks(folder: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fp:
+            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --- the hop: a node's config as one JSON argument -------------------------------------------------
+
+USER = LaunchConfig(command=("python", "train.py"), num_proc=3, hosts=(HostSlots("a", 2), HostSlots("b", 1)),
+                    master_addr="a", master_port=4000, output_filename="out", verbose=True,
+                    tuning={"HOROVOD_CYCLE_TIME": "2"}, notes=("--mpi accepted",), max_restarts=1)
+
+
+def test_node_config_is_one_node_of_a_static_rendezvous():
+    node = driver.node_config(USER, 1, 2, 1, "a:4000", "run-1", [2, 1], ["a", "b"])
+    assert (node.node_rank, node.nnodes, node.nproc_per_node) == (1, (2, 2), 1)
+    assert (node.rdzv_backend, node.rdzv_endpoint, node.rdzv_id) == ("static", "a:4000", "run-1")
+    assert node.driver == DriverLink((2, 1), ("a", "b"))
+    assert node.output_filename == os.path.abspath("out")  # the agent may start elsewhere
+    assert node.hosts is None  # an agent starts its own ranks, it does not drive hosts
+    assert node.num_proc is None
+    assert node.master_addr is None
+    assert node.notes == ()  # the driver warned once already
+    # what the user asked for travels unchanged
+    assert (node.command, node.tuning, node.verbose, node.max_restarts) == (
+        USER.command, USER.tuning, True, 1)
+
+
+def test_node_argv_carries_the_config_as_one_argument():
+    node = driver.node_config(USER, 0, 2, 2, "a:4000", "run-1", [2, 1], ["a", "b"])
+    argv = driver.node_argv(node, python="/venv/bin/python")
+    assert argv[:3] == ["/venv/bin/python", "-m", "ringtrain.launch.node_entry"]
+    assert len(argv) == 4
+    assert LaunchConfig.from_json(argv[3]) == node
+
+
+def driven_config(tmp_path: Path, *mode: str) -> LaunchConfig:
+    """What a driver hands the agent of node 0 of a one-node job on this machine (ranks report in ranks/)."""
+    (tmp_path / "ranks").mkdir()
+    config = LaunchConfig(command=(sys.executable, REPORT_ENV, str(tmp_path / "ranks"), *mode),
+                          tuning={"HOROVOD_CYCLE_TIME": "7"}, start_timeout=20)
+    return driver.node_config(config, 0, 1, 2, f"127.0.0.1:{free_port()}", "test-run", [2], ["nodeA"])
+
+
+class Agent:
+    """A driven agent as a driver holds it: its stdin open (EOF means stop), its output in files."""
+
+    def __init__(self, config: LaunchConfig, folder: Path) -> None:
+        self.out, self.err = folder / "agent.out", folder / "agent.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(driver.node_argv(config), stdin=subprocess.PIPE, stdout=out,
+                                         stderr=err, text=True)
+
+    def wait(self, timeout: float = 240) -> tuple[int, str, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.stop()
+        return code, self.out.read_text(), self.err.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdin.close()
+
+
+def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
+    code, out, err = Agent(driven_config(tmp_path), tmp_path).wait()
+    assert code == 0, err
+    ranks = read_ranks(tmp_path / "ranks")
+    assert sorted(ranks) == [0, 1]
+    for rank, env in ranks.items():
+        assert env["HOROVOD_RANK"] == str(rank)
+        assert env["HOROVOD_HOSTNAME"] == "nodeA"  # from the driver's node hosts
+        assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
+        assert env["HOROVOD_CYCLE_TIME"] == "7"  # the config's tuning reached the workers
+    assert "[1] hello from rank 1" in out
+
+
+def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
+    code, _, err = Agent(driven_config(tmp_path, "fail"), tmp_path).wait()
+    assert code == 1
+    markers = [f for f in map(RankFailure.from_marker, err.splitlines()) if f is not None]
+    assert len(markers) == 1, err
+    assert (markers[0].rank, markers[0].host) == (1, "nodeA")
+    assert "ValueError: rank one gives up" in markers[0].message
+    assert "Root cause" not in err  # the driver prints the one report
+
+
+def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
+    agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
+    try:
+        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None)
+        assert agent.proc.poll() is None, agent.err.read_text()
+        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        agent.proc.stdin.close()  # the driver went away
+        assert agent.proc.wait(timeout=90) == 128 + signal.SIGTERM
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30)
+    finally:
+        agent.stop()
+
+
+# --- the srun re-launch ---------------------------------------------------------------------------
+
+def fake_srun(folder: Path) -> Path:
+    """An ``srun`` that records its arguments and exits 3, on a PATH of its own."""
+    srun = folder / "srun"
+    record = folder / "argv.json"
+    srun.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\nsys.exit(3)\n")
+    srun.chmod(0o755)
+    return folder
+
+
+def test_relaunch_with_srun_hands_each_task_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(fake_srun(tmp_path)) + os.pathsep + os.environ["PATH"])
+    config = LaunchConfig(command=("python", "train.py"), num_proc=8, output_filename="logs",
+                          tuning={"HOROVOD_CYCLE_TIME": "2"}, notes=("--mpi accepted",))
+    assert driver.relaunch_with_srun(config, SrunPlan(nnodes=2, nproc_per_node=4)) == 3  # srun's code
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:4] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert argv[4:7] == [sys.executable, "-m", "ringtrain.launch.node_entry"]
+    task = LaunchConfig.from_json(argv[7])
+    assert task.nproc_per_node == 4
+    assert task.output_filename == os.path.abspath("logs")
+    assert (task.command, task.tuning, task.notes) == (config.command, config.tuning, ())
+    assert task.driver is None  # each task is an agent of its own, reporting for itself
+
+
+def test_relaunch_without_srun_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UsageError, match="srun is not on PATH. HINT:"):
+        driver.relaunch_with_srun(LaunchConfig(command=("x",)), SrunPlan(nnodes=2, nproc_per_node=1))
+
+
+# --- before any rank starts -----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("command", "needle"), [
+    (("ringtrain-no-such-command-xyz",), "command not found"),
+    (("python", "no_such_script_xyz.py"), "script not found"),
+    (("no_such_script_xyz.py", "--lr", "1"), "script not found"),
+])
+def test_check_command_refuses_what_cannot_start(command, needle):
+    with pytest.raises(UsageError, match=needle):
+        driver.check_command(command)
+
+
+@pytest.mark.parametrize("command", [("python", "-c", "pass"), ("python", "-m", "json.tool"), ("true",),
+                                     (sys.executable, REPORT_ENV)])
+def test_check_command_accepts_what_can_start(command):
+    driver.check_command(command)
+
+
+def test_check_build_prints_what_this_installation_has(capsys):
+    assert driver.launch(LaunchConfig(command=(), check_build=True), environ={}) == 0
+    out = capsys.readouterr().out
+    assert "Available Frameworks:" in out
+    assert "[X] PyTorch" in out
+    assert "[X] Gloo" in out
+
+
+def test_live_children_sees_a_running_child_but_not_a_zombie():
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert child.pid in driver.live_children(os.getpid())
+    finally:
+        child.kill()
+    assert wait_until(lambda: child.pid not in driver.live_children(os.getpid()), timeout=10)
+    child.wait()
+
+
+def test_notes_are_printed_once_and_verbose_shows_the_table(tmp_path, capsys):
+    config = LaunchConfig(command=(sys.executable, REPORT_ENV, str(tmp_path)), num_proc=1, verbose=True,
+                          notes=("--mpi accepted: ranks communicate through torch.distributed",))
+    assert driver.launch(config) == 0
+    err = capsys.readouterr().err
+    assert err.count("ringtrain run: warning: --mpi accepted") == 1
+    assert "ringtrain run: resolved configuration" in err
+    assert "ringtrain run: plan NodePlan(" in err

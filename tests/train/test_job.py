@@ -1,0 +1,103 @@
+"""``TrainJob`` (what to train), ``run_job`` (one rank), ``launch_job`` (all ranks; bad input a JobError)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from ringtrain.exceptions import DataError, JobError, SnapshotError, UnknownWorkloadError
+from ringtrain.train.config import TrainerConfig
+from ringtrain.train.job import (
+    TrainJob,
+    build_optimizer,
+    check_snapshot_dir,
+    input_errors,
+    launch_job,
+    run_job,
+    write_error,
+)
+
+QUICK = TrainerConfig(epochs=1, batch_size=32, progress=False, threads=1, seed=3)
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"nproc": 0}, "-np 0 must be at least 1. HINT:"),
+    ({"subset": 0}, "--subset 0 must be at least 1 item. HINT:"),
+    ({"optimizer": "lbfgs"}, "--optimizer 'lbfgs' is not known. HINT: use one of ['sgd', 'adam', 'adamw']"),
+    ({"lr": 0.0}, "--lr 0.0 must be a positive number. HINT:"),
+    ({"lr": math.inf}, "--lr inf must be a positive number"),
+    ({"momentum": -0.1}, "--momentum -0.1 must be >= 0. HINT:"),
+    ({"weight_decay": math.nan}, "--weight-decay nan must be >= 0"),
+    ({"data_dir": "no/such/folder"}, "--data-dir no/such/folder is not a folder. HINT:"),
+])
+def test_bad_input_is_a_job_error_that_names_the_value(fields, needle):
+    with pytest.raises(JobError) as info:
+        TrainJob(workload="mnist", **fields)
+    assert needle in str(info.value)
+
+
+def test_json_round_trip_keeps_the_trainer_config(tmp_path):
+    job = TrainJob(workload="synthetic", trainer=QUICK.replace(strategy="horovod", warmup_epochs=0.5,
+                                                               scale_lr=True),
+                   nproc=2, data_dir=str(tmp_path), subset=100, arch="small", optimizer="adamw", lr=0.1,
+                   momentum=0.5, weight_decay=0.01, results_json=str(tmp_path / "r.json"))
+    text = job.to_json()
+    assert json.loads(text)["trainer"]["strategy"] == "horovod"
+    assert TrainJob.from_json(text) == job
+
+
+@pytest.mark.parametrize(("name", "kind"), [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam),
+                                            ("adamw", torch.optim.AdamW)])
+def test_build_optimizer(name, kind):
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = build_optimizer(name, params, lr=0.5, momentum=0.9, weight_decay=0.01)
+    assert type(optimizer) is kind
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["weight_decay"]) == (0.5, 0.01)
+    if name == "sgd":
+        assert group["momentum"] == 0.9
+
+
+def test_input_errors_are_the_bad_input_types():
+    assert set(input_errors()) == {JobError, SnapshotError, DataError, UnknownWorkloadError}
+
+
+def test_one_rank_trains_in_this_process_and_writes_results(tmp_path, capsys):
+    results = tmp_path / "out" / "results.json"
+    job = TrainJob(workload="synthetic", trainer=QUICK.replace(max_steps_per_epoch=3), subset=200,
+                   results_json=str(results))
+    history = run_job(job)
+    assert len(history) == 1
+    assert history[0].steps == 3
+    body = json.loads(results.read_text())
+    assert (body["workload"], body["world_size"], body["strategy"]) == ("synthetic", 1, "ddp")
+    assert body["epochs"][0]["steps"] == 3
+    assert body["resumed_from"] is None
+    assert "done: 1 epoch(s)" in capsys.readouterr().out
+
+
+def test_a_damaged_snapshot_is_refused_before_any_rank_starts(tmp_path):
+    (tmp_path / "snapshot-000000004.pt").write_bytes(b"not a snapshot")
+    job = TrainJob(workload="synthetic", trainer=QUICK.replace(snapshot_dir=str(tmp_path)))
+    with pytest.raises(SnapshotError):
+        check_snapshot_dir(job)
+    check_snapshot_dir(TrainJob(workload="synthetic",
+                                trainer=QUICK.replace(snapshot_dir=str(tmp_path), resume=False)))
+
+
+def test_write_error_leaves_the_message_where_launch_job_reads_it(tmp_path):
+    write_error(tmp_path, 3, "--data-dir x: no MNIST files. HINT: download them")
+    assert (tmp_path / "rank-3.txt").read_text() == "--data-dir x: no MNIST files. HINT: download them\n"
+
+
+def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job = TrainJob(workload="mnist", trainer=QUICK, nproc=2, data_dir=str(empty))
+    with pytest.raises(JobError) as info:
+        launch_job(job)
+    assert str(empty) in str(info.value)
+    assert "HINT:" in str(info.value)
