@@ -161,7 +161,7 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     assert body["epochs"][-1]["accuracy"] > 0.85
 
 
-def test_the_flags_are_frozen():
+def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
     import argparse
 
     from ringtrain.cli import train
@@ -170,7 +170,8 @@ def test_the_flags_are_frozen():
     train.register(parser.add_subparsers())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
     flags = {s for a in sub._actions for s in a.option_strings}
-    assert flags == {
+    dashed = {f for f in flags if "_" not in f}
+    assert dashed == {
         "-h", "--help", "-np", "--num-proc", "--epochs", "--batch-size", "--lr", "--optimizer", "--momentum",
         "--weight-decay", "--arch", "--strategy", "--fp16-allreduce", "--batches-per-allreduce", "--amp",
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
@@ -178,3 +179,6 @@ def test_the_flags_are_frozen():
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
         "--no-progress",
     }
+    for flag in dashed:
+        if flag.startswith("--") and "-" in flag[2:]:
+            assert "--" + flag[2:].replace("-", "_") in flags, flag
