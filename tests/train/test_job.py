@@ -101,3 +101,20 @@ def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path):
         launch_job(job)
     assert str(empty) in str(info.value)
     assert "HINT:" in str(info.value)
+
+
+def _refuse(constant: str) -> None:
+    raise ValueError(f"bare {constant} in the results: not standard JSON")
+
+
+def test_results_json_is_standard_json_with_null_for_what_was_not_measured(tmp_path):
+    # a regression has no accuracy: it was written as a bare NaN, which strict JSON readers refuse
+    results = tmp_path / "results.json"
+    job = TrainJob(workload="synthetic-ratings", trainer=QUICK.replace(max_steps_per_epoch=2), subset=300,
+                   results_json=str(results))
+    run_job(job)
+    body = json.loads(results.read_text(), parse_constant=_refuse)
+    (epoch,) = body["epochs"]
+    assert epoch["accuracy"] is None
+    assert isinstance(epoch["rmse"], float)
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -82,7 +82,9 @@ def register(subparsers: Any) -> None:
                       help="start afresh even if the snapshot folder holds snapshots")
     out = p.add_argument_group("output")
     out.add_argument(*spellings("--log-dir"), help="write metrics.csv (and TensorBoard events) here")
-    out.add_argument(*spellings("--results-json"), help="write the per-epoch results here as JSON")
+    out.add_argument(*spellings("--results-json"),
+                     help="write the per-epoch results here as JSON (a metric that was not measured, "
+                          "e.g. the accuracy of a regression, is null)")
     out.add_argument(*spellings("--no-progress"), dest="progress", action="store_false",
                      help="no progress bar")
     p.set_defaults(func=run_train)

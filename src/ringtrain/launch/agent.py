@@ -18,10 +18,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -128,9 +128,19 @@ def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: st
         trace = str(extra.get("py_callstack", ""))
         with contextlib.suppress(TypeError, ValueError):
             when = float(extra.get("time", extra.get("timestamp", when)))
-    return RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
-                       pid=failure.pid, time=when, message=message, traceback=trace,
-                       output_tail="" if trace else _tail(stderr_path))
+    found = RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                        pid=failure.pid, time=when, message=message, traceback=trace,
+                        output_tail="" if trace else _tail(stderr_path))
+    if asks_for_gpu(found) and not _cuda_visible():
+        found = replace(found, hint=no_gpu_hint(host))
+    return found
+
+
+def _cuda_visible() -> bool:
+    """``torch.cuda.is_available()`` on this host (the rank's), asked only when a rank failed."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def run_node(spec: NodeSpec, command: list[str]) -> int:

@@ -52,7 +52,7 @@ class TrainJob:
     momentum: float | None = None
     weight_decay: float | None = None
     results_json: str | None = None
-    """Rank 0 writes the per-epoch results here as JSON."""
+    """Rank 0 writes the per-epoch results here as JSON (a metric that was not measured is ``null``)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -150,8 +150,30 @@ def _report(trainer: Any, history: list[EpochResult], job: TrainJob) -> None:
         body = {"workload": job.workload, "world_size": trainer.strategy.world_size,
                 "strategy": config.strategy, "epochs": rows,
                 "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None}
-        Path(job.results_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(job.results_json).write_text(json.dumps(body, indent=1, default=float))
+        write_json_atomically(Path(job.results_json), without_nan(body))
+
+
+def without_nan(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so that it is standard JSON.
+
+    An epoch's metrics hold NaN where nothing was measured (no evaluation that epoch, accuracy of a
+    regression); ``json.dumps`` would write a bare ``NaN``, which strict JSON readers refuse.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nan(item) for item in value]
+    return value
+
+
+def write_json_atomically(path: Path, body: Any) -> None:
+    """Write ``body`` as JSON to ``path`` through a temporary file, so no reader sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(body, indent=1, allow_nan=False))
+    os.replace(temp, path)
 
 
 def check_snapshot_dir(job: TrainJob) -> None:
@@ -192,6 +214,8 @@ def launch_job(job: TrainJob) -> int:
 
 
 def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:
-    """Leave a rank's input error where ``launch_job`` looks for it."""
+    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message)."""
     path = Path(folder) / f"rank-{rank}.txt"
-    path.write_text(message + "\n")
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(message + "\n")
+    os.replace(temp, path)
