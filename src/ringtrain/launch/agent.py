@@ -154,11 +154,12 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
     from torch.distributed.launcher.api import launch_agent
 
-    from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
+    from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
 
     host = spec.host or socket.gethostname()
     log_dir = tempfile.mkdtemp(prefix="ringtrain-run-")
-    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir)
+    relay = ConsoleRelay(sys.stdout, sys.stderr)
+    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, relay=relay)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1))}
     if spec.rdzv_backend == "static":
         rdzv_configs["rank"] = spec.node_rank
@@ -166,9 +167,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nproc_per_node=spec.nproc, logs_specs=logs,
         run_id=spec.run_id, role="ringtrain", rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_backend=spec.rdzv_backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
-        monitor_interval=0.1, log_line_prefix_template=LINE_PREFIX,
+        monitor_interval=0.1,
     )
-    env = dict(spec.env)
+    env = {**relay.worker_variables(), **spec.env}
     # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
@@ -176,7 +177,11 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
     try:
         with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
-            launch_agent(torch_config, sys.executable, args)
+            relay.start()
+            try:
+                launch_agent(torch_config, sys.executable, args)
+            finally:
+                relay.stop()  # every rank's output is out before a failure report follows it
         return 0
     except ChildFailedError as exc:
         failures = [_failure_from(rank, pf, host,

@@ -2,10 +2,13 @@
 
 Under ``ringtrain run``, torchrun, Slurm or PBS the ranks' output goes through pipes or files, where a
 bar cannot redraw; a plain line now and then still tells the person reading the log that the job moves.
+A rank's output is a file under ``ringtrain run`` too, but when the launcher's console is a terminal it
+says so (``RINGTRAIN_LIVE_CONSOLE=1``) and draws rank 0's bar there as one live line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +16,14 @@ from typing import Any
 
 #: Seconds between two progress lines when stdout is not a terminal.
 LINE_INTERVAL_S = 10.0
+
+#: Set by ``ringtrain run`` when its console is a terminal that draws rank 0's bar live (launch.logs).
+LIVE_CONSOLE_VARIABLE = "RINGTRAIN_LIVE_CONSOLE"
+
+
+def bar_is_drawn() -> bool:
+    """Whether a redrawn bar reaches a terminal: stdout is one, or the launcher draws it on one."""
+    return sys.stdout.isatty() or os.environ.get(LIVE_CONSOLE_VARIABLE) == "1"
 
 
 class Progress:
@@ -22,11 +33,12 @@ class Progress:
                  interval_s: float = LINE_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._bar: Any = None
         self._lines = False
-        if enabled and sys.stdout.isatty():
+        if enabled and bar_is_drawn():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, desc=description, leave=False, dynamic_ncols=True,
-                             file=sys.stdout)
+            # a terminal of our own can tell its width as it changes; the launcher's sets TQDM_NCOLS
+            self._bar = tqdm(total=total, initial=initial, desc=description, leave=False,
+                             dynamic_ncols=sys.stdout.isatty(), file=sys.stdout)
         elif enabled:
             self._lines = True
             self._total, self._description = total, description
