@@ -184,6 +184,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                 relay.stop()  # every rank's output is out before a failure report follows it
         return 0
     except ChildFailedError as exc:
+        if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
+            # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
+            return 128 + signal.SIGINT
         failures = [_failure_from(rank, pf, host,
                                   _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
                     for rank, pf in exc.failures.items()]

@@ -14,8 +14,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,12 +126,20 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     if config.task != workload.task:
         config = config.replace(task=workload.task)
     trainer = Trainer(model, optimizer, workload.loss(), train_ds, test_ds, config)
+    leave_group = True
     try:
         history = trainer.train()
         if trainer.strategy.rank == 0:
             _report(trainer, history, job)
+    except KeyboardInterrupt:
+        # Ctrl-C stops every rank, maybe in the middle of a collective: leaving the process group would
+        # wait for peers that are gone (for ever, in gloo's destructors). What matters is on disk already:
+        # snapshots are written whole or not at all.
+        leave_group = trainer.strategy.world_size == 1
+        raise
     finally:
-        trainer.close()
+        if leave_group:
+            trainer.close()
     return history
 
 
@@ -187,9 +197,68 @@ def check_snapshot_dir(job: TrainJob) -> None:
         manager.load(latest)
 
 
+#: Exit codes of a launcher stopped by a signal (128 + its number), and the signal's name.
+_STOPPED_BY = {128 + s: s.name for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def stopped_message(job: TrainJob, cause: str = "SIGINT") -> str:
+    """What a person needs after stopping a run: the last snapshot written, and how to go on from it."""
+    config = job.trainer
+    head = f"ringtrain train: stopped ({cause})."
+    if not config.snapshot_dir:
+        return (f"{head} No snapshots were written, so running the same command starts afresh. HINT: add "
+                "--save-every 1 (or --save-every-steps N) to be able to resume a stopped run.")
+    latest = SnapshotManager(config.snapshot_dir, config.keep_last).latest()
+    if latest is None:
+        return (f"{head} No snapshot was written yet in {config.snapshot_dir} (the first comes at the end of "
+                f"{_first_snapshot(config)}), so running the same command starts afresh.")
+    age = max(time.time() - latest.stat().st_mtime, 0.0)
+    where = (f"{head} Last snapshot: {latest} (after optimizer step {_step_of(latest)}, written "
+             f"{_duration(age)} ago).")
+    if not config.resume:
+        return f"{where} Run the same command without --no-resume to resume from it."
+    return f"{where} Run the same command again to resume from it."
+
+
+def _first_snapshot(config: TrainerConfig) -> str:
+    parts = []
+    if config.save_every_steps:
+        parts.append(f"optimizer step {config.save_every_steps}")
+    if config.save_every:
+        parts.append(f"epoch {config.save_every}")
+    return " or ".join(parts) or "the run"
+
+
+def _step_of(path: Path) -> int:
+    digits = "".join(ch for ch in path.stem if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def launch_job(job: TrainJob) -> int:
-    """Run ``job`` on ``job.nproc`` ranks; returns 0, or raises an ``input_errors()`` type for bad input."""
+    """Run ``job`` on ``job.nproc`` ranks; returns the exit code, or raises an ``input_errors()`` type.
+
+    A run stopped by Ctrl-C (or SIGTERM, SIGHUP) says which snapshot was written last and that the
+    same command resumes from it, and returns 128 + the signal's number.
+    """
     check_snapshot_dir(job)
+    try:
+        code = _launch(job)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    if code in _STOPPED_BY:
+        print(stopped_message(job, _STOPPED_BY[code]), file=sys.stderr, flush=True)
+    return code
+
+
+def _launch(job: TrainJob) -> int:
     if job.nproc == 1:
         run_job(job)
         return 0
