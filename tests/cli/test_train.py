@@ -49,6 +49,7 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--warmup-epochs", "2"], "scale_lr"),
     (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
     (["--keep-last", "0"], "keep_last=0"),
+    (["--like", "cifar10"], "--like cifar10 shapes synthetic images"),
 ])
 def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert main(["train", "mnist", *QUICK, *argv]) == 2
@@ -225,7 +226,8 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "-h", "--help", "-np", "--num-proc", "--epochs", "--batch-size", "--lr", "--optimizer", "--momentum",
         "--weight-decay", "--arch", "--strategy", "--fp16-allreduce", "--batches-per-allreduce", "--amp",
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
-        "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--save-every",
+        "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--like",
+        "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
         "--no-progress",
     }

@@ -118,3 +118,14 @@ def test_results_json_is_standard_json_with_null_for_what_was_not_measured(tmp_p
     assert epoch["accuracy"] is None
     assert isinstance(epoch["rmse"], float)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_like_gives_synthetic_images_the_sizes_of_a_real_data_set(tmp_path):
+    results = tmp_path / "results.json"
+    job = TrainJob(workload="synthetic", like="mnist", trainer=QUICK.replace(max_steps_per_epoch=2),
+                   subset=64, results_json=str(results))
+    assert TrainJob.from_json(job.to_json()) == job
+    run_job(job)  # the default model takes the 1x28x28 images
+    assert json.loads(results.read_text())["epochs"][0]["steps"] == 2
+    with pytest.raises(JobError, match="--like mnist shapes synthetic images"):
+        TrainJob(workload="mnist", like="mnist")

@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
     data.add_argument("--download", action="store_true", help="download missing files (md5 verified)")
     data.add_argument(*spellings("--cache-dir"), help="where downloads go")
     data.add_argument("--subset", type=_int, help="keep at most N items of each split (seeded)")
+    data.add_argument("--like", choices=("mnist", "cifar10", "imagenet"),
+                      help="synthetic only: images with the shape, classes and item counts of this data set "
+                           "(default: CIFAR-shaped, 10,000 items)")
     snap = p.add_argument_group("snapshots")
     snap.add_argument(*spellings("--save-every"), type=_int,
                       help="snapshot every N epochs (1 when --snapshot-dir is given)")
@@ -116,8 +119,8 @@ def run_train(args: argparse.Namespace) -> int:
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
             max_steps_per_epoch=args.max_steps_per_epoch)
         job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
-                       download=args.download, cache_dir=args.cache_dir, subset=args.subset, arch=args.arch,
-                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                       download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
+                       arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, results_json=args.results_json)
         return launch_job(job)
     except input_errors() as exc:

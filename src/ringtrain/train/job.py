@@ -46,6 +46,8 @@ class TrainJob:
     cache_dir: str | None = None
     subset: int | None = None
     """Keep at most this many items of each split (seeded choice)."""
+    like: str | None = None
+    """Synthetic images with the sizes of this data set (``mnist``, ``cifar10``, ``imagenet``)."""
     arch: str | None = None
     """Model architecture of the workload (None: its default)."""
     optimizer: str | None = None
@@ -71,6 +73,10 @@ class TrainJob:
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise JobError(f"--{name.replace('_', '-')} {value} must be >= 0. HINT: use e.g. 0.9 or 0.")
+        if self.like is not None and self.workload != "synthetic":
+            raise JobError(f"--like {self.like} shapes synthetic images; workload {self.workload!r} has data "
+                           f"of its own. HINT: use ringtrain train synthetic --like {self.like}, "
+                           "or drop --like.")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
                            f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
@@ -112,7 +118,7 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     from ringtrain.train.trainer import Trainer
     from ringtrain.workloads import get_workload
 
-    workload = get_workload(job.workload)
+    workload = get_workload(job.workload, **({"like": job.like} if job.like else {}))
     train_ds, test_ds = workload.datasets(data_dir=job.data_dir, download=job.download,
                                           cache_dir=job.cache_dir, subset=job.subset, seed=job.trainer.seed)
     # the same initial weights on every rank, whatever the strategy broadcasts
