@@ -129,3 +129,23 @@ def test_like_gives_synthetic_images_the_sizes_of_a_real_data_set(tmp_path):
     assert json.loads(results.read_text())["epochs"][0]["steps"] == 2
     with pytest.raises(JobError, match="--like mnist shapes synthetic images"):
         TrainJob(workload="mnist", like="mnist")
+
+
+@pytest.mark.parametrize("writer", ["results", "error"])
+def test_files_read_by_others_are_never_left_half_written(writer, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from ringtrain.train import job as job_module
+
+    def half_then_fail(self, text, *args, **kwargs):
+        with open(self, "w") as fp:
+            fp.write(text[: len(text) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        if writer == "results":
+            job_module.write_json_atomically(tmp_path / "results.json", {"epochs": [1, 2, 3]})
+        else:
+            write_error(tmp_path, 1, "--data-dir x: no MNIST files. HINT: download them")
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,7 @@ keeps the pid: signals from the agent and exit codes reach the real program unch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -85,11 +86,16 @@ def write_error_file(exc: BaseException, environ: MutableMapping[str, str]) -> b
                         "extraInfo": {"py_callstack": user_traceback(exc),
                                       "timestamp": str(int(time.time())),
                                       "time": repr(time.time())}}}
+    # Through a temporary file: a rank killed mid-write (its agent stops it once another rank failed)
+    # must not leave half a JSON file, which the agent could not read.
+    temp = f"{path}.{os.getpid()}.tmp"
     try:
-        # the agent reads it once this process has exited: no reader sees it half-written
-        with open(path, "w") as fp:
+        with open(temp, "w") as fp:
             json.dump(data, fp)
+        os.replace(temp, path)
     except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
         return False
     return True
 

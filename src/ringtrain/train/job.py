@@ -188,8 +188,11 @@ def write_json_atomically(path: Path, body: Any) -> None:
     """Write ``body`` as JSON to ``path`` through a temporary file, so no reader sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps(body, indent=1, allow_nan=False))
-    os.replace(temp, path)
+    try:
+        temp.write_text(json.dumps(body, indent=1, allow_nan=False))
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def check_snapshot_dir(job: TrainJob) -> None:
@@ -292,5 +295,8 @@ def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None
     """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message)."""
     path = Path(folder) / f"rank-{rank}.txt"
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(message + "\n")
-    os.replace(temp, path)
+    try:
+        temp.write_text(message + "\n")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
