@@ -181,3 +181,11 @@ def test_the_trainer_s_bar_is_live_under_a_terminal(tmp_path):
     assert not [line for line in lines if "epoch 1/2:" in line or "batches/s" in line], lines
     assert any(line.startswith("[0] epoch 2/2  time") for line in lines), lines
     assert lines[-1].startswith("[0] done: 2 epoch(s)")
+
+
+def test_the_workers_learn_whether_the_console_is_live(monkeypatch):
+    monkeypatch.delenv("TQDM_NCOLS", raising=False)
+    assert ConsoleRelay(io.StringIO(), io.StringIO()).worker_variables() == {"RINGTRAIN_LIVE_CONSOLE": "0"}
+    live = ConsoleRelay(TerminalStream(), TerminalStream()).worker_variables()
+    assert live["RINGTRAIN_LIVE_CONSOLE"] == "1"
+    assert int(live["TQDM_NCOLS"]) >= 20

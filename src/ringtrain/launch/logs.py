@@ -160,7 +160,8 @@ class ConsoleRelay:
     def worker_variables(self) -> dict[str, str]:
         """Variables for the workers: whether the console is live, and how wide a bar may be."""
         if not self.is_live():
-            return {}
+            # said explicitly: a launcher started by a rank of another must not inherit its "1"
+            return {LIVE_CONSOLE_VARIABLE: "0"}
         columns = shutil.get_terminal_size((80, 24)).columns
         variables = {LIVE_CONSOLE_VARIABLE: "1"}
         if "TQDM_NCOLS" not in os.environ:  # tqdm bars of the ranks fit beside the "[0] " prefix
