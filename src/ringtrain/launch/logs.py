@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import LogsDest
@@ -101,7 +101,7 @@ class _Source:
     def __init__(self, rank: int, path: str, dest: TextIO) -> None:
         self.rank, self.path, self.dest = rank, path, dest
         self.prefix = line_prefix(rank)
-        self.fp: object = None
+        self.fp: BinaryIO | None = None
         self.line = RedrawnLine()
         self.unshown_update: str | None = None
         self.last_update_line = float("-inf")
@@ -114,14 +114,14 @@ class _Source:
             except OSError:
                 return b""
         chunks = []
-        while chunk := self.fp.read(1 << 16):  # type: ignore[attr-defined]
+        while chunk := self.fp.read(1 << 16):
             chunks.append(chunk)
         return b"".join(chunks)
 
     def close(self) -> None:
         if self.fp is not None:
             with contextlib.suppress(OSError):
-                self.fp.close()  # type: ignore[attr-defined]
+                self.fp.close()
             self.fp = None
 
 
