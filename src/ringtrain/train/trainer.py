@@ -224,7 +224,7 @@ class Trainer:
                     if (self.snapshots and c.save_every_steps and self.step % c.save_every_steps == 0
                             and self.batch_in_epoch < total_batches):
                         self.save_snapshot()
-                bar.update(1, loss=float(loss.detach()))
+                bar.update(1, loss=loss.detach())  # read (a device sync) only when a bar shows it
         finally:
             bar.close()
         return totals
@@ -270,7 +270,7 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """What a snapshot holds (collective: every rank must call it)."""
-        t = self._epoch_totals
+        t = self._epoch_totals.flush()
         states = rng.capture()
         return {
             "model": self.strategy.unwrap(self.train_model).state_dict(),
