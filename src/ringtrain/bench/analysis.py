@@ -21,7 +21,7 @@ from ringtrain.bench.model import (
     predict,
     project,
 )
-from ringtrain.bench.plan import BASELINE, STRATEGIES
+from ringtrain.bench.plan import BASELINE, INDEPENDENT, STRATEGIES
 from ringtrain.bench.records import Measurement
 
 
@@ -96,7 +96,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
                      "link": {k: link.get(k) for k in ("alpha_s", "beta_bytes_per_s", "kind")}
                      if link and not link.get("error") else None}
     for row in body.get("rows", []):
-        if row["strategy"] == BASELINE or row.get("efficiency") is None:
+        if row["strategy"] in (BASELINE, INDEPENDENT) or row.get("efficiency") is None:
             continue
         members = [m for m in runs if m.strategy == row["strategy"] and m.np == row["np"] and m.ok]
         members = [m for m in members if link_applies(link, m)]
@@ -118,7 +118,8 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
     if link and not link.get("error"):
         connects.append(Interconnect("measured", f"this sweep's link ({link.get('kind')})",
                                      link["beta_bytes_per_s"], link["alpha_s"]))
-    wires = {_is_fp16(s) for s in body.get("settings", {}).get("strategies", []) if s != BASELINE} or {False}
+    wires = {_is_fp16(s) for s in body.get("settings", {}).get("strategies", [])
+             if s not in (BASELINE, INDEPENDENT)} or {False}
     for fp16 in sorted(wires):
         key = "fp16" if fp16 else "fp32"
         if key in inputs:

@@ -26,8 +26,12 @@ STRATEGIES: dict[str, tuple[str, bool]] = {
     "ddp-fp16": ("ddp", True),  # DDP's fp16_compress_hook
     "horovod": ("horovod", False),
     "horovod-fp16": ("horovod", True),  # DistributedOptimizer(compression=Compression.fp16)
+    # N copies of the baseline at once, no communication: the ceiling this machine allows (CPU clock
+    # under all-core load, shared caches and memory bandwidth, other users), not a way to train
+    "independent": ("ddp", False),
 }
 """Strategy names ``--strategies`` accepts."""
+INDEPENDENT = "independent"
 
 BASELINE = "single"
 DEFAULT_STRATEGIES = ("single", "ddp", "horovod")
@@ -157,6 +161,9 @@ class BenchSettings:
                 raise UsageError(f"{', '.join(given)} only apply to built-in workloads; a script decides "
                                  "its own steps, model and strategy. HINT: drop them, or pass them to "
                                  "your script after --.")
+        if self.hosts and INDEPENDENT in self.strategies:
+            raise UsageError("--strategies independent starts copies on this machine only, not across -H "
+                             "hosts. HINT: drop it from --strategies, or run it without -H / --hostfile.")
         if self.hosts:
             slots = sum(h.slots for h in self.hosts)
             too_many = [n for n in self.nps if n > slots]
@@ -230,6 +237,8 @@ class RunSpec:
     np: int
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    copies: int = 1
+    """Plain processes started at once from ``argv`` (``independent``); 1 for everything else."""
 
     @property
     def label(self) -> str:
@@ -273,9 +282,10 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
             else:
                 spec = json.dumps(worker_spec(settings, strategy, np, threads), separators=(",", ":"))
                 program = [python, "-m", "ringtrain.bench.worker", "--spec", spec]
-            argv = program if strategy == BASELINE else [*launcher_argv(settings, np, python), *program]
+            plain = strategy in (BASELINE, INDEPENDENT)
+            argv = program if plain else [*launcher_argv(settings, np, python), *program]
             runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=strategy, np=np, argv=tuple(argv),
-                                env=dict(env)))
+                                env=dict(env), copies=np if strategy == INDEPENDENT else 1))
     return runs
 
 

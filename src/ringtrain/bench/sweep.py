@@ -88,27 +88,47 @@ def _failure_reason(log: Path, code: int) -> str:
 
 
 def execute(argv: list[str] | tuple[str, ...], env: dict[str, str], log: Path,
-            timeout_s: float) -> tuple[int | None, float, str, bool]:
-    """Run one process tree; returns (exit code or None on timeout, wall seconds, output, timed out)."""
+            timeout_s: float, copies: int = 1) -> tuple[int | None, float, list[str], bool]:
+    """Run one process tree (or ``copies`` of it at once); returns (first non-zero exit code, or 0, or
+    None on timeout; wall seconds; each copy's output; timed out)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **env}
+    logs = [log] if copies == 1 else [log.with_suffix(f".copy{i}.log") for i in range(copies)]
+    files = [open(path, "wb") for path in logs]  # noqa: SIM115 - closed below, after the processes
+    procs: list[subprocess.Popen[bytes]] = []
     start = time.perf_counter()
-    with open(log, "wb") as out:
-        out.write(("$ " + " ".join(argv) + "\n").encode())
-        out.flush()
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=full_env, start_new_session=True)
-        try:
-            code: int | None = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
+    try:
+        for out in files:
+            out.write(("$ " + " ".join(argv) + "\n").encode())
+            out.flush()
+            procs.append(subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=full_env, start_new_session=True))
+        codes: list[int | None] = []
+        timed_out = False
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - start))))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            for proc in procs:
+                _stop(proc)
+    except BaseException:  # Ctrl-C: take the run down with us
+        for proc in procs:
             _stop(proc)
-            code, timed_out = None, True
-        except BaseException:  # Ctrl-C: take the run down with us
-            _stop(proc)
-            raise
+        raise
+    finally:
+        for out in files:
+            out.close()
     wall = time.perf_counter() - start
-    return code, wall, log.read_text(errors="replace"), timed_out
+    outputs = [path.read_text(errors="replace") for path in logs]
+    if copies > 1:  # one log for the run, the copies one after the other
+        log.write_text("".join(f"=== copy {i}\n{text}" for i, text in enumerate(outputs)))
+        for path in logs:
+            path.unlink()
+    code = None if timed_out else next((c for c in codes if c != 0), 0)
+    return code, wall, outputs, timed_out
 
 
 def measure(run: RunSpec, out: Path, timeout_s: float) -> Measurement:
@@ -116,9 +136,14 @@ def measure(run: RunSpec, out: Path, timeout_s: float) -> Measurement:
     log = out / "logs" / f"run-{run.index:03d}-np{run.np}-{run.strategy}-r{run.repeat + 1}.log"
     m = Measurement(index=run.index, repeat=run.repeat, strategy=run.strategy, np=run.np, argv=list(run.argv),
                     log=str(log.relative_to(out)))
-    code, wall, output, timed_out = execute(run.argv, run.env, log, timeout_s)
+    code, wall, outputs, timed_out = execute(run.argv, run.env, log, timeout_s, copies=run.copies)
     m.exit_code, m.wall_seconds = code, wall
-    reports = [r for r in parse_output(output) if "link_samples" not in r]
+    reports = []
+    for i, output in enumerate(outputs):
+        found = [r for r in parse_output(output) if "link_samples" not in r]
+        if run.copies > 1:  # every copy is "rank 0 of 1": number them
+            found = [{**r, "rank": i, "world_size": run.copies} for r in found]
+        reports += found
     if timed_out:
         m.status, m.error = "failed", f"no exit after {timeout_s:g} s (--timeout); see {m.log}"
     elif code != 0:
@@ -141,9 +166,9 @@ def probe_link(settings: BenchSettings, out: Path, python: str = sys.executable)
     argv = [python, "-m", "ringtrain", "run", "-np", "2", *placement, *settings.launcher_options,
             python, "-m", "ringtrain.bench.link"]
     log = out / "logs" / "link-probe.log"
-    code, wall, output, timed_out = execute(argv, {"PYTHONUNBUFFERED": "1", **settings.extra_env}, log,
-                                            min(settings.timeout_s, 600.0))
-    found = [r for r in parse_output(output) if "link_samples" in r]
+    code, wall, outputs, timed_out = execute(argv, {"PYTHONUNBUFFERED": "1", **settings.extra_env}, log,
+                                             min(settings.timeout_s, 600.0))
+    found = [r for r in parse_output(outputs[0]) if "link_samples" in r]
     if code != 0 or not found:
         reason = "timed out" if timed_out else _failure_reason(log, code or 0)
         return {"error": f"link probe failed: {reason}; see {log.relative_to(out)}", "kind": kind}
