@@ -4,14 +4,15 @@ Per step, with ``p`` ranks:
 
     A(p, n) = 2 (p-1) alpha + 2 (p-1)/p * n / beta         ring allreduce of n bytes
     C(p)    = k * 2 (p-1) alpha + 2 (p-1)/p * G / beta      all k buckets of G gradient bytes
-    L(p)    = A(p, G / k)                                   the last bucket: ready when backward ends
+    L(p)    = A(p, G_last)                                  the last bucket: ready when backward ends
     E(p)    = max(L(p), C(p) - f * T_bwd)                   communication the backward pass cannot hide
     T(p)    = f * T_c + E(p)                                step time
     eff(p)  = T_c / T(p)                                    weak scaling (per-rank batch fixed)
 
 ``T_c`` is the single process's measured step time, ``T_bwd`` its backward part, ``G`` the bytes on
-the wire (halved by fp16 compression), ``k`` the number of gradient buckets (25 MiB each, as DDP and
-ringtrain's DistributedOptimizer cut them), ``alpha``/``beta`` the link's latency and bandwidth, and
+the wire (halved by fp16 compression), ``k`` the number of gradient buckets (in backward order a
+first one of 1 MiB, then 25 MiB each, as DDP and ringtrain's DistributedOptimizer cut them; ``G_last``
+the last one's share), ``alpha``/``beta`` the link's latency and bandwidth, and
 ``f >= 1`` the oversubscription of the CPU (ranks x threads over cores on one host; 1 on a cluster
 with a core or GPU per rank). Strong scaling divides ``T_c`` and ``T_bwd`` by ``p``.
 """
@@ -24,6 +25,8 @@ from typing import Any
 
 BUCKET_BYTES = 25 * 1024 * 1024
 """Gradient bucket size of DDP and ringtrain's DistributedOptimizer (fp32 bytes)."""
+FIRST_BUCKET_BYTES = 1024 * 1024
+"""Their first bucket (the last layers' gradients, ready first) is smaller, to start sending early."""
 DEFAULT_BACKWARD_SHARE = 0.6
 """Backward share of a step when it was not measured (backward costs about twice the forward pass)."""
 PROJECTED_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -61,15 +64,26 @@ class StepModel:
     """G: gradient bytes of fp32 parameters (before compression)."""
     fp16: bool = False
     bucket_bytes: float = BUCKET_BYTES
+    first_bucket_bytes: float = FIRST_BUCKET_BYTES
     strong: bool = False
 
     @property
     def wire_bytes(self) -> float:
         return self.gradient_bytes / 2 if self.fp16 else self.gradient_bytes
 
+    def bucket_sizes(self) -> list[float]:
+        """Wire bytes of each bucket, in the order backward makes them ready."""
+        sizes = [min(self.gradient_bytes, self.first_bucket_bytes)]
+        rest = self.gradient_bytes - sizes[0]
+        if rest > 0:
+            full = math.ceil(rest / self.bucket_bytes)
+            sizes += [self.bucket_bytes] * (full - 1) + [rest - self.bucket_bytes * (full - 1)]
+        scale = 0.5 if self.fp16 else 1.0
+        return [s * scale for s in sizes]
+
     @property
     def buckets(self) -> int:
-        return max(1, math.ceil(self.gradient_bytes / self.bucket_bytes))
+        return len(self.bucket_sizes())
 
 
 def ring_allreduce_s(p: int, nbytes: float, alpha: float, beta: float) -> float:
@@ -111,7 +125,7 @@ def predict(step: StepModel, p: int, alpha: float, beta: float, oversubscription
     latency = k * 2 * (p - 1) * alpha if p > 1 else 0.0
     bandwidth = 2 * (p - 1) / p * step.wire_bytes / beta if p > 1 else 0.0
     total = latency + bandwidth
-    last = ring_allreduce_s(p, step.wire_bytes / k, alpha, beta)
+    last = ring_allreduce_s(p, step.bucket_sizes()[-1], alpha, beta)
     exposed = max(last, total - backward) if p > 1 else 0.0
     step_s = compute + exposed
     ideal = step.compute_s * share

@@ -62,6 +62,7 @@ def render(body: dict[str, Any]) -> bytes:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     nps = sorted({r["np"] for r in rows} | {1})
     base = next((r for r in rows if r["strategy"] == BASELINE and r["np"] == 1), None)
+    any_model = False
     for i, (strategy, members) in enumerate(lines.items()):
         members = [m for m in members if (m.get("items_per_second") if has_items else m.get("speedup"))
                    is not None]
@@ -82,13 +83,15 @@ def render(body: dict[str, Any]) -> bytes:
         modelled = [(m["np"], m["model_efficiency"]) for m in members
                     if m.get("model_efficiency") is not None]
         if modelled:
-            efficiency_ax.plot(*zip(*modelled), linestyle="none", marker="x", markersize=9, color=color,
-                               label=f"{strategy} (model)")
+            efficiency_ax.plot(*zip(*modelled), linestyle="none", marker="x", markersize=9, color=color)
+            any_model = True
     if base is not None:
         ideal = [(base.get("items_per_second") if has_items else 1.0) or 0.0] * len(nps)
         throughput_ax.plot(nps, [v * n for v, n in zip(ideal, nps)], linestyle="--", color="grey",
                            label="ideal (linear)")
     efficiency_ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
+    if any_model:  # one legend entry for all the model's crosses (each in its strategy's colour)
+        efficiency_ax.plot([], [], linestyle="none", marker="x", color="black", label="cost model")
     throughput_ax.set_ylabel("items/s, all processes" if has_items else "speedup (wall time)")
     throughput_ax.set_title("throughput" if has_items else "speedup")
     efficiency_ax.set_ylabel("parallel efficiency (speedup / processes)")
@@ -112,17 +115,21 @@ def render(body: dict[str, Any]) -> bytes:
                     linestyle=styles[entry["fp16"]], marker=".", color=color,
                     label=entry["interconnect"] + (" fp16" if entry["fp16"] else ""))
         ax.set_xscale("log", base=2)
+        ranks = [p["ranks"] for p in projection[0]["points"]]
+        ax.set_xticks(ranks, [str(r) for r in ranks])
         ax.set_xlabel("ranks (projected)")
         ax.set_ylabel("efficiency (cost model)")
         ax.set_ylim(0, 1.05)
         ax.set_title("PROJECTION (model, not measured)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        ax.legend(fontsize="x-small", ncol=2, title="dashed fp32, dotted fp16", title_fontsize="x-small")
     settings = body.get("settings", {})
     title = settings.get("workload") or " ".join(settings.get("command", []))[:60]
     machine = body.get("machine") or {}
+    link = body.get("link") or {}
+    where = f"; link: {link['note']}" if link.get("note") else ""
     fig.suptitle(f"ringtrain bench: {title} ({settings.get('scaling', '')} scaling) on "
-                 f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores", fontsize="medium")
+                 f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{where}", fontsize="medium")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)

@@ -229,7 +229,7 @@ def run_sweep(settings: BenchSettings, progress: bool = True,
     measurements: list[Measurement] = []
     bar = SweepProgress(len(runs), enabled=progress)
     try:
-        if settings.link_probe and not settings.is_script:
+        if settings.link_probe:
             if progress:
                 print("bench: measuring the link (2 ranks, allreduce of 4 KiB..16 MiB) ...", file=sys.stderr,
                       flush=True)
