@@ -136,7 +136,7 @@ def summarize(out: Path, sweeps: list[dict[str, Any]], machine: dict[str, Any],
               args: argparse.Namespace) -> str:
     """summary.md: per (link, workload) the table, the comparisons the issue asks for, the validation."""
     from ringtrain.bench.analysis import collect_validation
-    from ringtrain.bench.report import table_text, validation_text
+    from ringtrain.bench.outputs import table_text, validation_text
 
     lines = [f"# Link sweep: {machine.get('date', '')}", "",
              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores; torch {machine.get('torch')}, "

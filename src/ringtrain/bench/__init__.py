@@ -5,7 +5,7 @@ interleaved and repeated, against a single-process baseline; see docs/bench.md. 
 
 - ``plan``: the checked settings and the ordered runs; ``sweep``: running them and writing outputs;
 - ``worker`` / ``link``: what runs inside a built-in run / the link probe;
-- ``records``: measurements and table rows; ``report``: table, JSON, CSV; ``plot``: scaling.png;
+- ``records``: measurements and table rows; ``outputs``: table, JSON, CSV; ``plot``: scaling.png;
 - ``machine``: what it ran on; ``model`` / ``analysis``: the cost model, validation and projection;
 - ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s.
 """

@@ -10,8 +10,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from ringtrain.bench.outputs import write_atomic
 from ringtrain.bench.plan import BASELINE
-from ringtrain.bench.report import write_atomic
 
 INSTALL_HINT = "HINT: pip install 'ringtrain[plot]' (matplotlib), then rerun, or plot scaling.csv yourself."
 

@@ -258,8 +258,8 @@ def baseline_runs(body: dict[str, Any]) -> list[Measurement]:
 
 def write_outputs(body: dict[str, Any], out: Path) -> list[str]:
     """Write scaling.json, scaling.csv and scaling.png into ``out``; returns notes for the user."""
+    from ringtrain.bench.outputs import csv_text, write_atomic, write_json
     from ringtrain.bench.plot import write_plot
-    from ringtrain.bench.report import csv_text, write_atomic, write_json
 
     write_json(body, out / "scaling.json")
     write_atomic(out / "scaling.csv", csv_text(body))
@@ -273,7 +273,7 @@ def write_outputs(body: dict[str, Any], out: Path) -> list[str]:
 def run_bench(settings: BenchSettings, progress: bool = True) -> int:
     """The whole command: sweep, model, outputs, table; 0 when every run succeeded, else 1."""
     from ringtrain.bench.analysis import annotate
-    from ringtrain.bench.report import projection_text, table_text, validation_text
+    from ringtrain.bench.outputs import projection_text, table_text, validation_text
 
     body = run_sweep(settings, progress=progress)
     annotate(body, settings.interconnects)

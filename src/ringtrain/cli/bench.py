@@ -177,7 +177,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from ringtrain.bench.analysis import collect_validation
-    from ringtrain.bench.report import validation_text, write_json
+    from ringtrain.bench.outputs import validation_text, write_json
 
     entries = collect_validation([Path(p) for p in args.validate])
     if not entries:
