@@ -51,10 +51,12 @@ LINKS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
 STRATEGIES = "horovod,horovod-fp16,ddp,ddp-fp16"
 
 
-def bench_argv(workload: str, steps: int, repeats: int, out: Path, extra: list[str]) -> list[str]:
+def bench_argv(workload: str, steps: int, warmup: int, repeats: int, out: Path,
+               extra: list[str]) -> list[str]:
     args, _ = WORKLOADS[workload]
-    return [sys.executable, "-m", "ringtrain", "bench", *args, "--steps", str(steps),
-            "--repeats", str(repeats), "--threads", "1", "--out", str(out), "--no-progress", *extra]
+    return [sys.executable, "-m", "ringtrain", "bench", *args, "--steps", str(steps), "--warmup-steps",
+            str(warmup), "--repeats", str(repeats), "--threads", "1", "--out", str(out), "--no-progress",
+            *extra]
 
 
 def run_logged(argv: list[str], log: Path, timeout: float) -> int:
@@ -76,21 +78,21 @@ def _env() -> dict[str, str]:
     return clean_env()
 
 
-def sweep_link(link: str, delay_ms: float, workloads: list[str], steps: dict[str, int], repeats: int,
-               out: Path) -> dict[str, Any]:
+def sweep_link(link: str, delay_ms: float, workloads: list[str], steps: dict[str, int], warmup: int,
+               repeats: int, out: Path) -> dict[str, Any]:
     """Start the two hosts on a shaped link, bench every workload across them, stop the hosts."""
     from tests.integration.netns import NamespaceHosts
 
     root = Path(tempfile.mkdtemp(prefix=f"link-sweep-{link}-"))
     hosts = NamespaceHosts(root, bandwidth=link, delay_ms=delay_ms)
-    note = f"{LINKS[link]} (tc tbf) + {delay_ms:g} ms each way (delay forwarder), hostA-hostB"
+    note = f"{LINKS[link]} tbf + {delay_ms:g} ms delay"
     results: dict[str, Any] = {"link": link, "delay_ms": delay_ms, "note": note, "runs": {}}
     try:
         hosts.start()
         for workload in workloads:
             folder = out / link / workload
             argv = hosts.command("hostA", bench_argv(
-                workload, steps[workload], repeats, folder,
+                workload, steps[workload], warmup, repeats, folder,
                 ["--np", "1,2", "--strategies", STRATEGIES, "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
                  "--start-timeout", "120", "--link-note", note]))
             folder.mkdir(parents=True, exist_ok=True)
@@ -102,13 +104,14 @@ def sweep_link(link: str, delay_ms: float, workloads: list[str], steps: dict[str
     return results
 
 
-def sweep_local(workloads: list[str], steps: dict[str, int], repeats: int, out: Path) -> dict[str, Any]:
+def sweep_local(workloads: list[str], steps: dict[str, int], warmup: int, repeats: int,
+                out: Path) -> dict[str, Any]:
     """Loopback on this machine: 1-4 processes (3 and 4 oversubscribe a 2-core machine)."""
     results: dict[str, Any] = {"link": "local", "note": "loopback on one machine", "runs": {}}
     for workload in workloads:
         folder = out / "local" / workload
         folder.mkdir(parents=True, exist_ok=True)
-        argv = bench_argv(workload, steps[workload], repeats, folder,
+        argv = bench_argv(workload, steps[workload], warmup, repeats, folder,
                           ["--np", "1,2,3,4", "--strategies", "independent,horovod,horovod-fp16,ddp,ddp-fp16",
                            "--link-note", "loopback"])
         results["runs"][workload] = run_logged(argv, folder / "bench.log", timeout=6 * 3600)
@@ -223,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"links must come from {list(LINKS)}, workloads from {list(WORKLOADS)}")
     steps = {"mnist": args.mnist_steps or WORKLOADS["mnist"][1],
              "resnet18": args.resnet_steps or WORKLOADS["resnet18"][1]}
+    warmup = 5
     if args.quick:
-        steps, args.repeats = {"mnist": 3, "resnet18": 2}, 1
+        steps, warmup, args.repeats = {"mnist": 3, "resnet18": 2}, 1, 1
     from ringtrain.bench.machine import describe_machine
 
     machine = describe_machine()
@@ -236,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     sweeps = []
     if args.local:
-        sweeps.append(sweep_local(workloads, steps, args.repeats, out))
+        sweeps.append(sweep_local(workloads, steps, warmup, args.repeats, out))
     for link in links:
-        sweeps.append(sweep_link(link, args.delay_ms, workloads, steps, args.repeats, out))
+        sweeps.append(sweep_link(link, args.delay_ms, workloads, steps, warmup, args.repeats, out))
     print(summarize(out, sweeps, machine, args))
     print(f"link_sweep: {time.monotonic() - started:.0f} s; wrote {out / 'summary.md'}")
     failed = [(s["link"], w) for s in sweeps for w, code in s["runs"].items() if code != 0]
