@@ -69,3 +69,18 @@ def test_progress_lines_without_a_terminal(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[1/2] np=1 single #1:" in out
     assert "[2/2] np=2 script #1:" in out
+
+
+def test_a_built_in_workload_timed_by_epochs(tmp_path):
+    settings = BenchSettings(workload="mnist", epochs=1, subset=512, nps=(1, 2), strategies=("horovod",),
+                             repeats=1, warmup_steps=1, threads=1, out=tmp_path / "out", link_probe=False)
+    body = run_sweep(settings, progress=False)
+    runs = {r["strategy"]: r for r in body["runs"]}
+    assert runs["single"]["status"] == "ok"
+    assert runs["horovod"]["status"] == "ok"
+    # one epoch of 512 items: 8 batches of 64 alone, 4 per rank on 2 ranks; the first is warm-up
+    assert runs["single"]["steps"] == 7
+    assert runs["horovod"]["steps"] == 3
+    assert runs["horovod"]["items"] == 3 * 64 * 2
+    for run in runs.values():
+        assert run["seconds_per_epoch"] == pytest.approx(512 / run["items_per_second"])
