@@ -67,3 +67,20 @@ def test_without_a_baseline_the_model_says_what_it_needs():
     annotate(body)
     assert "gradient_bytes" in body["model"]["error"]
     assert body["projection"] == []
+
+
+def test_independent_copies_give_the_measured_compute_slowdown():
+    from ringtrain.bench.records import summarize
+    from tests.bench.helpers import body
+
+    runs = [measurement(0, "single", 1, 0, 100.0), measurement(1, "independent", 2, 0, 80.0),
+            measurement(2, "ddp", 2, 0, 70.0)]
+    result = body(runs, {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8},
+                  strategies=("single", "independent", "ddp"))
+    result["rows"] = [r.as_dict() for r in summarize(runs)]
+    annotate(result)
+    (entry,) = result["validation"]
+    assert entry["compute_factor_from"] == "independent"
+    assert entry["oversubscription"] == pytest.approx(1 / 0.8)
+    expected = predict(StepModel(0.1, 0.06, 1_572_864), 2, 1e-4, 1e8, oversubscription=1 / 0.8)
+    assert entry["predicted_efficiency"] == pytest.approx(expected.efficiency)

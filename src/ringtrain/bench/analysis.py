@@ -2,8 +2,10 @@
 
 The inputs come from the same sweep: the baseline's step time and backward share, the gradient
 size its worker reported, and the link probe's latency and bandwidth. Each measured row then gets the
-model's efficiency for its own configuration (its oversubscription of the CPU included), which is
-how the model is validated; the projection applies it to named interconnects at 8 to 1,024 ranks.
+model's efficiency for its own configuration, which is how the model is validated; the projection
+applies it to named interconnects at 8 to 1,024 ranks. The compute slow-down ``f`` of a measured row
+is 1 / the efficiency of ``independent`` copies at the same size when the sweep ran them on one host
+(what the machine loses with that many busy processes, measured), else ranks x threads / cores.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
                      "buckets": base.buckets, "strong_scaling": strong,
                      "link": {k: link.get(k) for k in ("alpha_s", "beta_bytes_per_s", "kind")}
                      if link and not link.get("error") else None}
+    # measured compute slow-down at each size: N copies without communication (the machine's ceiling)
+    ceiling = {r["np"]: r["efficiency"] for r in body.get("rows", [])
+               if r["strategy"] == INDEPENDENT and r.get("efficiency")}
     for row in body.get("rows", []):
         if row["strategy"] in (BASELINE, INDEPENDENT) or row.get("efficiency") is None:
             continue
@@ -102,13 +107,17 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
         members = [m for m in members if link_applies(link, m)]
         if not members:
             continue
-        f = statistics.median(oversubscription(m) for m in members)
+        if row["np"] in ceiling and len(set(members[0].hosts)) <= 1:
+            f, source = 1.0 / ceiling[row["np"]], "independent"
+        else:
+            f, source = statistics.median(oversubscription(m) for m in members), "cores"
         model = inputs["fp16" if _is_fp16(row["strategy"]) else "fp32"]
         assert link is not None
         pred = predict(model, row["np"], link["alpha_s"], link["beta_bytes_per_s"], oversubscription=f)
         row["model_efficiency"] = pred.efficiency
         body["validation"].append({
             "strategy": row["strategy"], "np": row["np"], "oversubscription": f,
+            "compute_factor_from": source,
             "measured_efficiency": row["efficiency"], "predicted_efficiency": pred.efficiency,
             "error": pred.efficiency - row["efficiency"],
             "relative_error": (pred.efficiency - row["efficiency"]) / row["efficiency"],

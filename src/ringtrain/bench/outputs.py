@@ -188,7 +188,7 @@ def validation_text(entries: list[dict[str, Any]], title: str = "MODEL VALIDATIO
     """Predicted against measured efficiency for every configuration with a measured link."""
     if not entries:
         return ""
-    table = [["workload", "link", "strategy", "processes", "oversub.", "measured", "model", "error"]]
+    table = [["workload", "link", "strategy", "processes", "compute f", "measured", "model", "error"]]
     for e in entries:
         table.append([str(e.get("workload", "")), str(e.get("link", "")), e["strategy"], str(e["np"]),
                       f"{e['oversubscription']:.2f}", f"{e['measured_efficiency']:.3f}",
