@@ -116,3 +116,13 @@ def test_threads_default_to_cores_shared_by_the_most_local_ranks():
 def test_describe_is_plain_json():
     body = BenchSettings(workload="mnist", out=Path("x")).describe()
     assert json.loads(json.dumps(body))["np"] == [1, 2]
+
+
+def test_plain_runs_lose_the_variables_that_make_a_rank():
+    from ringtrain.bench.plan import plain_environment
+
+    environ = {"PATH": "/bin", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "2",
+               "MASTER_ADDR": "x", "OMPI_COMM_WORLD_RANK": "0", "HOROVOD_RANK": "0", "OMP_NUM_THREADS": "1"}
+    assert plain_environment(environ) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("independent", "ddp"), repeats=1)
+    assert [r.plain for r in plan_runs(settings, threads=1)] == [True, True, False]

@@ -34,10 +34,26 @@ STRATEGIES: dict[str, tuple[str, bool]] = {
 INDEPENDENT = "independent"
 
 BASELINE = "single"
+
+#: What a launcher or scheduler sets to make a process one rank of many. A plain run (the baseline,
+#: the independent copies) goes without them, so that inside a Slurm allocation or an mpirun it is
+#: still one process alone and not a rank waiting for others.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "MV2_", "I_MPI_", "HYDRA_", "HOROVOD_",
+                     "TORCHELASTIC_", "PET_", "PBS_", "LSB_")
+LAUNCHER_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "SLURMD_NODENAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
+
 DEFAULT_STRATEGIES = ("single", "ddp", "horovod")
 DEFAULT_STEPS = 50
 DEFAULT_WARMUP = 5
 SCALINGS = ("weak", "strong")
+
+
+def plain_environment(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without the variables that would make a process a rank of a job."""
+    return {k: v for k, v in environ.items()
+            if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
 
 
 def parse_np(text: str) -> tuple[int, ...]:
@@ -239,6 +255,8 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     copies: int = 1
     """Plain processes started at once from ``argv`` (``independent``); 1 for everything else."""
+    plain: bool = False
+    """True when ``argv`` is not started by a launcher (its environment loses the launcher variables)."""
 
     @property
     def label(self) -> str:
@@ -285,7 +303,7 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
             plain = strategy in (BASELINE, INDEPENDENT)
             argv = program if plain else [*launcher_argv(settings, np, python), *program]
             runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=strategy, np=np, argv=tuple(argv),
-                                env=dict(env), copies=np if strategy == INDEPENDENT else 1))
+                                env=dict(env), copies=np if strategy == INDEPENDENT else 1, plain=plain))
     return runs
 
 

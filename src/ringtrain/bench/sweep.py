@@ -18,7 +18,7 @@ from typing import Any
 from ringtrain.bench.hook import parse_output
 from ringtrain.bench.link import fit_link
 from ringtrain.bench.machine import describe_machine
-from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plan_runs, usable_cores
+from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs, usable_cores
 from ringtrain.bench.records import Measurement, combine_reports, summarize
 from ringtrain.exceptions import UsageError
 
@@ -87,12 +87,12 @@ def _failure_reason(log: Path, code: int) -> str:
     return (tail[-1].strip()[:300] if tail else "no output") + f" (exit code {code})"
 
 
-def execute(argv: list[str] | tuple[str, ...], env: dict[str, str], log: Path,
-            timeout_s: float, copies: int = 1) -> tuple[int | None, float, list[str], bool]:
+def execute(argv: list[str] | tuple[str, ...], env: dict[str, str], log: Path, timeout_s: float,
+            copies: int = 1, plain: bool = False) -> tuple[int | None, float, list[str], bool]:
     """Run one process tree (or ``copies`` of it at once); returns (first non-zero exit code, or 0, or
-    None on timeout; wall seconds; each copy's output; timed out)."""
+    None on timeout; wall seconds; each copy's output; timed out). ``plain``: no launcher variables."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **env}
+    full_env = {**(plain_environment(dict(os.environ)) if plain else os.environ), **env}
     logs = [log] if copies == 1 else [log.with_suffix(f".copy{i}.log") for i in range(copies)]
     files = [open(path, "wb") for path in logs]  # noqa: SIM115 - closed below, after the processes
     procs: list[subprocess.Popen[bytes]] = []
@@ -136,7 +136,8 @@ def measure(run: RunSpec, out: Path, timeout_s: float) -> Measurement:
     log = out / "logs" / f"run-{run.index:03d}-np{run.np}-{run.strategy}-r{run.repeat + 1}.log"
     m = Measurement(index=run.index, repeat=run.repeat, strategy=run.strategy, np=run.np, argv=list(run.argv),
                     log=str(log.relative_to(out)))
-    code, wall, outputs, timed_out = execute(run.argv, run.env, log, timeout_s, copies=run.copies)
+    code, wall, outputs, timed_out = execute(run.argv, run.env, log, timeout_s, copies=run.copies,
+                                             plain=run.plain)
     m.exit_code, m.wall_seconds = code, wall
     reports = []
     for i, output in enumerate(outputs):
