@@ -25,6 +25,7 @@ def test_a_size_that_fails_keeps_the_other_rows(tmp_path, capsys):
     assert code == 1
     captured = capsys.readouterr()
     assert "1 of 3 run(s) failed" in captured.err
+    assert "np=2 script #1: report_items: error: this script refuses 2 processes" in captured.err
     assert "FAILED script np=2 #1" in captured.out
     assert "refuses 2 processes" in captured.out
     out = tmp_path / "out"

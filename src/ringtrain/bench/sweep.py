@@ -299,7 +299,10 @@ def run_bench(settings: BenchSettings, progress: bool = True) -> int:
     if body.get("interrupted"):
         return 130
     if failed:
-        print(f"ringtrain bench: {len(failed)} of {len(body['runs'])} run(s) failed (marked in the table; "
-              f"logs in {settings.out / 'logs'})", file=sys.stderr)
+        names = "; ".join(f"np={r['np']} {r['strategy']} #{r['repeat'] + 1}: {r['error']}"
+                          for r in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        print(f"ringtrain bench: {len(failed)} of {len(body['runs'])} run(s) failed, the other rows are "
+              f"kept: {names}{more}", file=sys.stderr)
         return 1
     return 0
