@@ -38,6 +38,8 @@ def test_useless_samples_are_refused(samples):
 def test_round_trip_and_description():
     fit = LinkFit(alpha_s=1e-4, beta_bytes_per_s=1.25e8, hosts=["hostA", "hostB"])
     assert LinkFit.from_dict({**fit.as_dict(), "extra": 1}) == fit
-    assert fit.describe() == "1.00 Gbit/s, 100 us latency (hostA-hostB)"
+    assert fit.describe() == "1 Gbit/s, 100 us latency (hostA-hostB)"
+    assert format_rate(17.0102e9 / 8) == "17 Gbit/s"
+    assert format_rate(117.4e6 / 8) == "117 Mbit/s"
     assert format_rate(12.5e6) == "100 Mbit/s"
     assert repeats_for(4096) >= repeats_for(16 << 20) >= 3

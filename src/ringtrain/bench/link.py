@@ -66,7 +66,9 @@ class LinkFit:
 def format_rate(bytes_per_s: float) -> str:
     """Bytes per second as Gbit/s or Mbit/s."""
     bits = bytes_per_s * 8
-    return f"{bits / 1e9:.2f} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.0f} Mbit/s"
+    if bits >= 1e9:
+        return f"{bits / 1e9:.3g} Gbit/s"
+    return f"{bits / 1e6:.3g} Mbit/s"
 
 
 def fit_link(samples: Sequence[tuple[float, float]], ranks: int = 2) -> LinkFit:

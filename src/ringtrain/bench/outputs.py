@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ringtrain.bench.link import LinkFit
+from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
@@ -175,7 +175,7 @@ def projection_text(body: dict[str, Any]) -> str:
         for entry in (e for e in projection if e["fp16"] == fp16):
             cells = [f"{pt['efficiency']:.2f}" + ("*" if pt["latency_bound"] else "")
                      for pt in entry["points"]]
-            link = f"{entry['beta_bytes_per_s'] * 8 / 1e9:g} Gbit/s, {entry['alpha_s'] * 1e6:.3g} us"
+            link = f"{format_rate(entry['beta_bytes_per_s'])}, {entry['alpha_s'] * 1e6:.3g} us"
             table.append([entry["interconnect"], *cells, link])
         lines += ["", f"{'fp16' if fp16 else 'fp32'} gradients:"]
         lines += _align(table, right=set(range(1, len(ranks) + 1)))
