@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.bench.outputs import write_atomic
-from ringtrain.bench.plan import BASELINE
+from ringtrain.bench.plan import BASELINE, INDEPENDENT
 
 INSTALL_HINT = "HINT: pip install 'ringtrain[plot]' (matplotlib), then rerun, or plot scaling.csv yourself."
 
@@ -69,17 +69,20 @@ def render(body: dict[str, Any]) -> bytes:
         if not members:
             continue
         color = colors[i % len(colors)]
+        style = {"marker": "o", "capsize": 3, "color": color, "label": strategy}
+        if strategy == INDEPENDENT:  # the machine's ceiling, not a competitor
+            style.update(color="black", linestyle=":", label="independent (no communication)")
         x = [m["np"] for m in members]
         if has_items:
             y = [m["items_per_second"] for m in members]
             err = _errors(members, "items_per_second", "items_per_second_min", "items_per_second_max")
         else:
             y, err = [m["speedup"] for m in members], None
-        throughput_ax.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color, label=strategy)
+        throughput_ax.errorbar(x, y, yerr=err, **style)
         eff = [m.get("efficiency") if m["strategy"] != BASELINE else 1.0 for m in members]
         eff_err = _errors([{**m, "efficiency": e} for m, e in zip(members, eff)], "efficiency",
                           "efficiency_min", "efficiency_max") if has_items else None
-        efficiency_ax.errorbar(x, eff, yerr=eff_err, marker="o", capsize=3, color=color, label=strategy)
+        efficiency_ax.errorbar(x, eff, yerr=eff_err, **style)
         modelled = [(m["np"], m["model_efficiency"]) for m in members
                     if m.get("model_efficiency") is not None]
         if modelled:
