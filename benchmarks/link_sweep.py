@@ -48,7 +48,9 @@ WORKLOADS = {
     "resnet18": (["synthetic", "--arch", "resnet18", "--batch-size", "32"], 20),
 }
 LINKS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
-STRATEGIES = "horovod,horovod-fp16,ddp,ddp-fp16"
+#: independent: two plain copies on hostA, which shares its cores with hostB (one kernel): what the
+#: machine loses with both cores busy, without any communication
+STRATEGIES = "independent,horovod,horovod-fp16,ddp,ddp-fp16"
 
 
 def bench_argv(workload: str, steps: int, warmup: int, repeats: int, out: Path,
@@ -166,10 +168,11 @@ def summarize(out: Path, sweeps: list[dict[str, Any]], machine: dict[str, Any],
                 found = paired(body, ours, theirs)
                 if found:
                     comparisons.append({"link": sweep["link"], "workload": workload, **found})
-            if sweep.get("forwarder"):
-                fw = sweep["forwarder"]
-                lines += [f"Delay forwarder: {sum(fw['frames'])} frames, {sum(fw['bytes']) / 1e9:.2f} GB, "
-                          f"{fw['cpu_seconds']:.1f} CPU seconds over the whole link's sweep.", ""]
+        if sweep.get("forwarder"):
+            fw = sweep["forwarder"]
+            lines += [f"Delay forwarder on {sweep['link']}: {sum(fw['frames'])} frames, "
+                      f"{sum(fw['bytes']) / 1e9:.2f} GB, {fw['cpu_seconds']:.1f} CPU seconds over the link's "
+                      "whole sweep.", ""]
     if comparisons:
         lines += ["## Comparisons at 2 processes", "", "| link | workload | ratio | median [95 %] | pairs |",
                   "|---|---|---|---|---|"]

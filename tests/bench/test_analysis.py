@@ -26,6 +26,20 @@ def test_oversubscription_counts_ranks_per_host():
     assert oversubscription(m) == 1.0
 
 
+def test_namespace_hosts_on_one_kernel_are_one_machine():
+    from ringtrain.bench.analysis import on_one_machine
+
+    m = Measurement(index=0, repeat=0, strategy="horovod", np=2)
+    m.reports = [report(r, 2, 1, 1.0, host="ab"[r], boot_id="k1") for r in range(2)]
+    m.ranks_reported = 2
+    assert on_one_machine(m)
+    assert on_one_machine(m, "k1")
+    assert not on_one_machine(m, "k2")
+    assert oversubscription(m) == 1.0  # 2 ranks x 1 thread on the 2 cores they share
+    m.reports[1]["boot_id"] = "k2"
+    assert not on_one_machine(m)
+
+
 def test_the_link_applies_to_runs_over_it():
     local = Measurement(index=0, repeat=0, strategy="ddp", np=2, hosts=["a", "a"])
     spread = Measurement(index=0, repeat=0, strategy="ddp", np=2, hosts=["a", "b"])

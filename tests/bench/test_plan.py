@@ -47,7 +47,6 @@ def test_strategies_keep_order_and_refuse_unknown_names():
     ({"scaling": "huge"}, "--scaling 'huge'"),
     ({"nps": (1, 3), "hosts": (HostSpec("a", 1), HostSpec("b", 1))}, "3 processes do not fit the 2 slots"),
     ({"nps": (1, 3), "scaling": "strong", "batch_size": 64}, "does not split evenly over 3"),
-    ({"strategies": ("independent",), "hosts": (HostSpec("a", 2),)}, "independent"),
     ({"workload": None, "command": ("python", "x.py"), "steps": 5}, "--steps"),
     ({"workload": None, "command": ()}, "nothing to benchmark"),
 ])

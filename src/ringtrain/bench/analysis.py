@@ -27,12 +27,23 @@ from ringtrain.bench.plan import BASELINE, INDEPENDENT, STRATEGIES
 from ringtrain.bench.records import Measurement
 
 
+def _machine(report: dict[str, Any]) -> str:
+    """Which machine a rank ran on: its kernel's boot id (namespace hosts share one), else its host name."""
+    return str(report.get("boot_id") or report.get("host", ""))
+
+
+def on_one_machine(m: Measurement, machine: str | None = None) -> bool:
+    """True when every rank of ``m`` that reported ran on one machine (``machine``, when given)."""
+    machines = {_machine(r) for r in m.reports}
+    return len(machines) == 1 and (machine is None or machines == {machine})
+
+
 def oversubscription(m: Measurement) -> float:
-    """CPU demand over supply on the busiest host of a run: ranks x threads / cores (at least 1)."""
-    per_host = Counter(str(r.get("host", "")) for r in m.reports)
+    """CPU demand over supply on the busiest machine of a run: ranks x threads / cores (at least 1)."""
+    per_host = Counter(_machine(r) for r in m.reports)
     worst = 1.0
     for host, ranks in per_host.items():
-        sample = next(r for r in m.reports if str(r.get("host", "")) == host)
+        sample = next(r for r in m.reports if _machine(r) == host)
         threads, cores = sample.get("threads"), sample.get("cores")
         if threads and cores:
             # with fewer reports than ranks (a script reporting on rank 0), assume the ranks spread evenly
@@ -97,9 +108,12 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
                      "buckets": base.buckets, "strong_scaling": strong,
                      "link": {k: link.get(k) for k in ("alpha_s", "beta_bytes_per_s", "kind")}
                      if link and not link.get("error") else None}
-    # measured compute slow-down at each size: N copies without communication (the machine's ceiling)
+    # measured compute slow-down at each size: N copies without communication (the machine's ceiling),
+    # which applies to runs whose N ranks all shared the machine the copies ran on
     ceiling = {r["np"]: r["efficiency"] for r in body.get("rows", [])
                if r["strategy"] == INDEPENDENT and r.get("efficiency")}
+    copies_on = next((_machine(m.reports[0]) for m in runs
+                      if m.strategy == INDEPENDENT and m.ok and m.reports), None)
     for row in body.get("rows", []):
         if row["strategy"] in (BASELINE, INDEPENDENT) or row.get("efficiency") is None:
             continue
@@ -107,7 +121,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
         members = [m for m in members if link_applies(link, m)]
         if not members:
             continue
-        if row["np"] in ceiling and len(set(members[0].hosts)) <= 1:
+        if row["np"] in ceiling and all(on_one_machine(m, copies_on) for m in members):
             f, source = 1.0 / ceiling[row["np"]], "independent"
         else:
             f, source = statistics.median(oversubscription(m) for m in members), "cores"

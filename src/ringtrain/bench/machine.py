@@ -22,6 +22,14 @@ def cpu_model() -> str:
     return found.group(1).strip() if found else (platform.processor() or "unknown CPU")
 
 
+def boot_id() -> str | None:
+    """The running kernel's boot id: processes on one machine share it, network-namespace hosts too."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def memory_bytes() -> int | None:
     """Physical memory of this machine (None where it cannot be read)."""
     try:
@@ -68,6 +76,7 @@ def describe_machine() -> dict[str, Any]:
         usable = os.cpu_count()
     return {
         "host": socket.gethostname(),
+        "boot_id": boot_id(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": usable,

@@ -26,8 +26,8 @@ STRATEGIES: dict[str, tuple[str, bool]] = {
     "ddp-fp16": ("ddp", True),  # DDP's fp16_compress_hook
     "horovod": ("horovod", False),
     "horovod-fp16": ("horovod", True),  # DistributedOptimizer(compression=Compression.fp16)
-    # N copies of the baseline at once, no communication: the ceiling this machine allows (CPU clock
-    # under all-core load, shared caches and memory bandwidth, other users), not a way to train
+    # N copies of the baseline at once on this machine, no communication: the ceiling the machine allows
+    # (CPU clock under all-core load, shared caches and memory bandwidth, other users), not a way to train
     "independent": ("ddp", False),
 }
 """Strategy names ``--strategies`` accepts."""
@@ -177,9 +177,6 @@ class BenchSettings:
                 raise UsageError(f"{', '.join(given)} only apply to built-in workloads; a script decides "
                                  "its own steps, model and strategy. HINT: drop them, or pass them to "
                                  "your script after --.")
-        if self.hosts and INDEPENDENT in self.strategies:
-            raise UsageError("--strategies independent starts copies on this machine only, not across -H "
-                             "hosts. HINT: drop it from --strategies, or run it without -H / --hostfile.")
         if self.hosts:
             slots = sum(h.slots for h in self.hosts)
             too_many = [n for n in self.nps if n > slots]

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ringtrain.bench.hook import report
-from ringtrain.bench.machine import cpu_model
+from ringtrain.bench.machine import boot_id, cpu_model
 from ringtrain.bench.plan import usable_cores
 
 
@@ -134,7 +134,7 @@ def run(spec: dict[str, Any]) -> str:
                   step_seconds_max=max(durations), items_per_epoch=math.ceil(len(train_ds) / world) * world,
                   steps_per_epoch=len(step_items) // epochs if spec.get("epochs") else None,
                   strategy=spec.get("bench_strategy"), threads=torch.get_num_threads(), cores=usable_cores(),
-                  cpu=cpu_model(), python=platform.python_version(), phases=phases,
+                  cpu=cpu_model(), boot_id=boot_id(), python=platform.python_version(), phases=phases,
                   pid=os.getpid())
 
 
