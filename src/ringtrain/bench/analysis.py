@@ -122,7 +122,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
         if not members:
             continue
         if row["np"] in ceiling and all(on_one_machine(m, copies_on) for m in members):
-            f, source = 1.0 / ceiling[row["np"]], "independent"
+            f, source = max(1.0, 1.0 / ceiling[row["np"]]), "independent"
         else:
             f, source = statistics.median(oversubscription(m) for m in members), "cores"
         model = inputs["fp16" if _is_fp16(row["strategy"]) else "fp32"]
