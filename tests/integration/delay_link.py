@@ -78,7 +78,9 @@ class DelayLine:
             except BlockingIOError:
                 return  # the other host's queue is full: try again on the next turn
             except OSError:
-                self.dropped += 1  # the device went down (teardown): nothing to deliver to
+                # the other TAP is down (not up yet at setup, or gone at teardown): like a cable to a
+                # switched-off port, the frame is lost
+                self.dropped += 1
             self.queue.popleft()
 
     def next_due(self) -> float | None:
