@@ -676,24 +676,11 @@ def grouped_allreduce(
 def sparse_allreduce_async(
     tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet = global_process_set
 ) -> Callable[[], torch.Tensor]:
-    """Allreduce a sparse COO tensor by allgathering indices and values; returns a zero-arg function."""
-    if op not in (Average, Sum):
-        raise ValueError(f"sparse_allreduce_async supports hvd.Average and hvd.Sum only, got op={op}.")
-    sparse = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = sparse.indices().transpose(0, 1).contiguous()
-    values = sparse.values().contiguous()
-    base = name if name is not None else f"sparse.noname.{state.require().handles.peek_next()}"
-    index_handle = allgather_async(indices, f"{base}.indices", process_set)
-    value_handle = allgather_async(values, f"{base}.values", process_set)
+    """Allreduce a sparse COO tensor by allgathering indices and values; returns a zero-arg function
+    that waits and gives the coalesced sum (or average). See :mod:`ringtrain.sparse`."""
+    from ringtrain.sparse import sparse_allreduce_async as start
 
-    def handle() -> torch.Tensor:
-        all_indices = synchronize(index_handle)
-        all_values = synchronize(value_handle)
-        if op == Average:
-            all_values = all_values / len(state.require().sets[process_set.process_set_id].ranks)
-        return torch.sparse_coo_tensor(all_indices.transpose(0, 1), all_values, size=tensor.size())
-
-    return handle
+    return start(tensor, name, op, process_set)
 
 
 # --------------------------------------------------------------------------- allgather

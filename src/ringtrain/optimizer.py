@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ringtrain import mpi_ops
+from ringtrain import mpi_ops, sparse
 from ringtrain.compression import Compression, Compressor, _CastCompressor
 from ringtrain.functions import broadcast_object
 from ringtrain.process_sets import ProcessSet, global_process_set
@@ -219,10 +219,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in members:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:  # sparse_as_dense
-                p.grad = p.grad.to_dense()
         compress = self._compression.compress
-        packed = [compress(p.grad) for p in members]
+        # sparse_as_dense: a dense copy travels; the gradient itself stays sparse (see synchronize).
+        packed = [compress(sparse.as_dense(p.grad)) for p in members]
         handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=self._bucket_names[index],
                                                   op=self.op, prescale_factor=self._prescale,
                                                   postscale_factor=self._postscale,
@@ -244,7 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._solo:
             if self._handles.get(p) is None:
                 if p.grad is None:
-                    p.grad = torch.zeros_like(p).to_sparse()
+                    p.grad = sparse.empty_like_sparse(p)
                 self._handles[p] = self._submit_solo(p)
         decompress = self._compression.decompress
         # The built-in cast compressors' decompress is a dtype cast, which copy_ does on the way into
@@ -253,6 +252,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
             for p, output, ctx in zip(self._buckets[index], outputs, contexts):
+                if p.grad.is_sparse:  # sparse_as_dense: back to a sparse gradient, as Horovod does
+                    p.grad = sparse.like_sparse(decompress(output, ctx), p.grad)
+                    continue
                 if casts and ctx == p.grad.dtype:
                     p.grad.copy_(output)
                     continue
@@ -262,7 +264,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._solo:
             result = self._handles[p]()
             if p.grad.is_sparse:
-                p.grad.zero_().add_(result)
+                p.grad = result
             else:
                 p.grad.copy_(result.to_dense())
         self._reset_step()
