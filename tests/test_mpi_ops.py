@@ -136,8 +136,8 @@ def _allreduce_checks(keep_settings: bool = False) -> None:
         hvd.allreduce(torch.ones(4, 4).t())
     with pytest.raises(ValueError, match=r"Tensor type torch\.ComplexFloatTensor is not supported"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum needs floating-point tensors"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum)
     with pytest.raises(RuntimeError, match="same device"):
         hvd.grouped_allreduce([torch.ones(1), torch.ones(1, device="meta")])
 

@@ -44,6 +44,33 @@ def _duplicates(names: Iterable[str]) -> list[str]:
     return dups
 
 
+def parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any,
+                    backward_passes_per_step: int) -> dict[torch.Tensor, str]:
+    """Each parameter's allreduce name, after Horovod's checks of ``named_parameters``."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", p)
+                            for i, group in enumerate(optimizer.param_groups)
+                            for j, p in enumerate(group["params"])]
+    if any(not isinstance(item, tuple) for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    dups = _duplicates(name for name, _ in named_parameters)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(dups))
+    all_ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    named_ids = {id(p) for _, p in named_parameters}
+    unnamed = all_ids - named_ids
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not "
+                         "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    return {p: name for name, p in sorted(named_parameters, key=lambda t: t[0])}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods grafted onto a dynamic subclass of the user's optimizer class.
 
@@ -58,30 +85,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
         self._ringtrain_base.__init__(self, params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", p)
-                                for i, group in enumerate(self.param_groups)
-                                for j, p in enumerate(group["params"])]
-        if any(not isinstance(item, tuple) for item in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = _duplicates(name for name, _ in named_parameters)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                             + ", ".join(dups))
-        all_ids = {id(p) for group in self.param_groups for p in group["params"]}
-        named_ids = {id(p) for _, p in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not "
-                             "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
-        if backward_passes_per_step <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-
-        self._parameter_names: dict[torch.Tensor, str] = {p: name for name, p in sorted(named_parameters,
-                                                                                     key=lambda t: t[0])}
+        self._parameter_names = parameter_names(self, named_parameters, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -355,9 +359,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                         raise ValueError("A parameter can only appear once in groups.")
                     seen.add(id(p))
     if op == mpi_ops.Adasum and mpi_ops.size() > 1:
-        raise NotImplementedError(
-            "op=Adasum is not implemented by ringtrain (Horovod supports it only with MPI builds). "
-            "HINT: use op=hvd.Average (the default) or hvd.Sum.")
+        # Horovod's delta optimizer: each rank steps locally and the parameter deltas are combined.
+        from ringtrain.adasum_optimizer import DistributedAdasumOptimizer
+
+        return DistributedAdasumOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                                          process_set)
     base = type(optimizer)
     namespace = dict(_GRAFTED)
     namespace["_ringtrain_base"] = base

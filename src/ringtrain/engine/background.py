@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ringtrain.engine import control_plane
+from ringtrain.engine import control_plane, hierarchical
 from ringtrain.engine import negotiation as neg
 from ringtrain.engine.cache import ResponseCache
 from ringtrain.engine.executor import (
@@ -100,6 +100,7 @@ class Engine:
         self.plane = self._connect_plane(round_timeout)
         self.cpu_ring = self.plane is not None and self._agree("ctrl/cpu_allreduce",
                                                                control_plane.cpu_allreduce_from_env) == "ring"
+        self.topology = hierarchical.Topology.discover(world, self.ctrl, self._agree)
         self.sets: dict[int, SetGroups] = {}
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._next_set_id = 0
@@ -165,6 +166,7 @@ class Engine:
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)
+            groups.extra["hierarchy"] = hierarchical.Hierarchy(self.topology, world, groups)
         self.sets[set_id] = groups
         return set_id
 

@@ -1,0 +1,215 @@
+"""Hierarchical collectives: one rank per host talks across hosts.
+
+``HOROVOD_HIERARCHICAL_ALLREDUCE=1`` (``ringtrain run --hierarchical-allreduce``): the ranks of each host
+reduce into the host's first rank (its *root*), the roots allreduce among themselves, and each root
+broadcasts the result to its host. ``HOROVOD_HIERARCHICAL_ALLGATHER=1``: each root gathers its host's
+parts, the roots allgather the host blocks, and each root broadcasts the whole result to its host.
+Only the roots send data between hosts, once per host instead of once per rank: worth it where the
+link between hosts is much slower than the one inside a host.
+
+A host is the set of ranks with the same host name and node rank (``GROUP_RANK`` / ``NODE_RANK`` /
+``HOROVOD_CROSS_RANK``, whichever the launcher set), learned once at ``init``. The hierarchy is used
+for a process set when it spans several hosts and some host holds more than one of its ranks (else
+the flat collective is the same thing with fewer steps). Rank 0's setting decides for the job. Small
+Sum/Average allreduces that complete inside the negotiation round (see docs/engine.md) never reach
+the data path, hierarchical or not.
+
+Adasum (:mod:`ringtrain.engine.adasum`) uses the same structure for CUDA tensors, as Horovod's NCCL
+build does: average within each host, Adasum among the roots (on host copies), broadcast within each
+host; and for CPU tensors too when hierarchical allreduce is on.
+
+The transfers run on :mod:`ringtrain.engine.peers`: the control plane's sockets for CPU tensors (or
+gloo groups of the hosts and of the roots when the job runs CPU allreduces on gloo), NCCL groups of the
+hosts and of the roots for CUDA tensors, built the first time they are needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.engine.adasum import adasum_allreduce
+from ringtrain.engine.peers import GlooPeers, NcclPeers, Peers, SocketPeers
+from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
+from ringtrain.exceptions import SettingError
+
+ALLREDUCE_VARIABLE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
+ALLGATHER_VARIABLE = "HOROVOD_HIERARCHICAL_ALLGATHER"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def flag_from_env(name: str) -> str:
+    """``"1"`` or ``"0"`` from a boolean variable, with an error that names it."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return "1"
+    if value in _FALSE:
+        return "0"
+    raise SettingError(
+        f"{name}={os.environ[name]!r} is not a boolean. HINT: set {name}=1 (on) or {name}=0 (off)."
+    )
+
+
+def host_key(world: World) -> int:
+    """A 63-bit number that is equal for ranks on the same host (same host name and node rank)."""
+    text = f"{world.hostname}|{world.node_rank}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which host every global rank is on, and whether the hierarchical collectives are on."""
+
+    hosts: tuple[int, ...]
+    allreduce: bool = False
+    allgather: bool = False
+
+    @classmethod
+    def discover(cls, world: World, ctrl: Any, agree: Callable[[str, Callable[[], str]], str]) -> Topology:
+        """Every rank's host (one allgather on the control group) and rank 0's settings."""
+        mine = torch.tensor([host_key(world)], dtype=torch.int64)
+        if world.size > 1:
+            rows = [torch.empty(1, dtype=torch.int64) for _ in range(world.size)]
+            ctrl.allgather([rows], [mine]).wait()
+        else:
+            rows = [mine]
+        return cls(
+            hosts=tuple(int(row.item()) for row in rows),
+            allreduce=agree("ctrl/hierarchical_allreduce", lambda: flag_from_env(ALLREDUCE_VARIABLE)) == "1",
+            allgather=agree("ctrl/hierarchical_allgather", lambda: flag_from_env(ALLGATHER_VARIABLE)) == "1",
+        )
+
+
+class Hierarchy:
+    """The hosts of one process set as seen from this rank, and the peers its collectives use."""
+
+    def __init__(self, topology: Topology, world: World, groups: Any) -> None:
+        self.topology, self.world, self.set_groups = topology, world, groups
+        by_host: dict[int, list[int]] = {}
+        for rank in groups.ranks:
+            by_host.setdefault(topology.hosts[rank], []).append(rank)
+        #: Global ranks of each host of the set, hosts in order of their first rank.
+        self.hosts: list[list[int]] = list(by_host.values())
+        self.roots = [host[0] for host in self.hosts]
+        self.host_index = next((i for i, host in enumerate(self.hosts) if world.rank in host), -1)
+        self.local = self.hosts[self.host_index] if self.host_index >= 0 else []
+        self.is_root = bool(self.local) and self.local[0] == world.rank
+        self._peers: dict[tuple[str, bool], Peers] = {}
+        #: Hierarchical operations run so far (tests and ``ringtrain check`` read it).
+        self.runs = 0
+
+    @property
+    def worthwhile(self) -> bool:
+        """Several hosts, and at least one with more than one rank of the set."""
+        return len(self.hosts) > 1 and any(len(host) > 1 for host in self.hosts)
+
+    def applies_to_allreduce(self) -> bool:
+        return self.topology.allreduce and self.worthwhile
+
+    def applies_to_allgather(self) -> bool:
+        return self.topology.allgather and self.worthwhile
+
+    # --------------------------------------------------------------------- peers
+    def cpu_peers(self, members: list[int], tag: str) -> Peers:
+        """CPU transfers among ``members``: the socket mesh, or a gloo group where CPU data runs on gloo."""
+        key = (tag, False)
+        if key not in self._peers:
+            groups = self.set_groups
+            if groups.plane is not None and groups.ring:
+                peers: Peers = SocketPeers(groups.plane, members)
+            elif members == groups.ranks:
+                peers = GlooPeers(groups.gloo, members, self.world.rank)
+            else:
+                group = make_gloo_group(self.world, f"set{groups.set_id}/{tag}", members)
+                peers = GlooPeers(group, members, self.world.rank)
+            self._peers[key] = peers
+        return self._peers[key]
+
+    def _peers_for(self, members: list[int], tag: str, device: int) -> Peers:
+        if device < 0:
+            return self.cpu_peers(members, tag)
+        key = (tag, True)
+        if key not in self._peers:
+            group = make_nccl_group(self.world, f"set{self.set_groups.set_id}/{tag}", members)
+            self._peers[key] = NcclPeers(group, members, self.world.rank, device)
+        return self._peers[key]
+
+    def local_peers(self, device: int) -> Peers:
+        return self._peers_for(self.local, f"host{self.host_index}", device)
+
+    def cross_peers(self, device: int) -> Peers:
+        return self._peers_for(self.roots, "roots", device)
+
+
+# ------------------------------------------------------------------------- collectives
+def allreduce(hierarchy: Hierarchy, flat: torch.Tensor, combine: Callable[..., torch.Tensor], op: Any,
+              device: int) -> None:
+    """Reduce ``flat`` (1-D) over the set in place: within hosts, across roots, back within hosts."""
+    hierarchy.runs += 1
+    local = hierarchy.local_peers(device)
+    if local.size > 1:
+        local.reduce(flat, 0, combine, op)
+    if hierarchy.is_root and len(hierarchy.roots) > 1:
+        hierarchy.cross_peers(device).allreduce(flat, combine, op)
+    if local.size > 1:
+        local.broadcast(flat, 0)
+
+
+def adasum(hierarchy: Hierarchy, flat: torch.Tensor, counts: Sequence[int], device: int) -> None:
+    """Horovod's hierarchical Adasum: average within each host, Adasum among the roots, broadcast."""
+    hierarchy.runs += 1
+    local = hierarchy.local_peers(device)
+    if local.size > 1:
+        local.reduce(flat, 0, torch.add, dist.ReduceOp.SUM)
+    if hierarchy.is_root:
+        if local.size > 1:
+            flat.div_(local.size)
+        if len(hierarchy.roots) > 1:
+            host = flat if device < 0 else flat.cpu()
+            adasum_allreduce(hierarchy.cpu_peers(hierarchy.roots, "roots"), host, counts)
+            if host is not flat:
+                flat.copy_(host)
+    if local.size > 1:
+        local.broadcast(flat, 0)
+
+
+def allgather(hierarchy: Hierarchy, mine: torch.Tensor, sizes: dict[int, int], out: torch.Tensor,
+              device: int) -> None:
+    """Gather every member's bytes into ``out`` (set order): within hosts, across roots, broadcast.
+
+    ``mine`` and ``out`` are flat uint8 tensors; ``sizes`` gives every member's byte count by global rank.
+    """
+    hierarchy.runs += 1
+    local = hierarchy.local_peers(device)
+    local_sizes = [sizes[rank] for rank in hierarchy.local]
+    parts = local.gather(mine, local_sizes, 0) if local.size > 1 else [mine]
+    if hierarchy.is_root:
+        assert parts is not None
+        block = torch.cat(parts) if len(parts) > 1 else parts[0]
+        host_sizes = [sum(sizes[rank] for rank in host) for host in hierarchy.hosts]
+        if len(hierarchy.roots) > 1:
+            blocks = hierarchy.cross_peers(device).allgather(block, host_sizes)
+        else:
+            blocks = [block]
+        offsets, offset = {}, 0
+        for rank in hierarchy.set_groups.ranks:
+            offsets[rank] = offset
+            offset += sizes[rank]
+        for host, host_block in zip(hierarchy.hosts, blocks):
+            start = 0
+            for rank in host:
+                count = sizes[rank]
+                out[offsets[rank] : offsets[rank] + count].copy_(host_block[start : start + count])
+                start += count
+    if local.size > 1 and out.numel() > 0:
+        local.broadcast(out, 0)
+
+
+__all__ = ["Hierarchy", "Topology", "adasum", "allgather", "allreduce", "flag_from_env"]
