@@ -266,7 +266,7 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
 def run_adasum(groups: SetGroups, hierarchy: Any, flat: torch.Tensor, counts: list[int], device: int) -> None:
     """Adasum over the set (see engine/adasum.py): flat on CPU tensors, by host for CUDA tensors and
     for CPU tensors under hierarchical allreduce, as Horovod runs it."""
-    if device >= 0 or hierarchy.applies_to_allreduce():
+    if hierarchy.adasum_by_host(device):
         hierarchical.adasum(hierarchy, flat.reshape(-1), counts, device)
     else:
         adasum_allreduce(hierarchy.cpu_peers(groups.ranks, "all"), flat.reshape(-1), counts)

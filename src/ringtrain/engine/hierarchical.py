@@ -8,9 +8,9 @@ Only the roots send data between hosts, once per host instead of once per rank: 
 link between hosts is much slower than the one inside a host.
 
 A host is the set of ranks with the same host name and node rank (``GROUP_RANK`` / ``NODE_RANK`` /
-``HOROVOD_CROSS_RANK``, whichever the launcher set), learned once at ``init``. The hierarchy is used
-for a process set when it spans several hosts and some host holds more than one of its ranks (else
-the flat collective is the same thing with fewer steps). Rank 0's setting decides for the job. Small
+``HOROVOD_CROSS_RANK``, whichever the launcher set), learned once at ``init``. When on, every allreduce
+(or allgather) of every process set takes this path, on one host too (then it is a reduce and a
+broadcast). Rank 0's setting decides for the job. Small
 Sum/Average allreduces that complete inside the negotiation round (see docs/engine.md) never reach
 the data path, hierarchical or not.
 
@@ -105,16 +105,16 @@ class Hierarchy:
         #: Hierarchical operations run so far (tests and ``ringtrain check`` read it).
         self.runs = 0
 
-    @property
-    def worthwhile(self) -> bool:
-        """Several hosts, and at least one with more than one rank of the set."""
-        return len(self.hosts) > 1 and any(len(host) > 1 for host in self.hosts)
-
     def applies_to_allreduce(self) -> bool:
-        return self.topology.allreduce and self.worthwhile
+        return self.topology.allreduce
 
     def applies_to_allgather(self) -> bool:
-        return self.topology.allgather and self.worthwhile
+        return self.topology.allgather
+
+    def adasum_by_host(self, device: int) -> bool:
+        """Adasum averages within hosts first: always for CUDA tensors (Horovod's NCCL build), for CPU
+        tensors under hierarchical allreduce when the set spans several hosts (else plain Adasum)."""
+        return device >= 0 or (self.topology.allreduce and len(self.hosts) > 1)
 
     # --------------------------------------------------------------------- peers
     def cpu_peers(self, members: list[int], tag: str) -> Peers:
