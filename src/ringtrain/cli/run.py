@@ -115,7 +115,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("-p", "--ssh-port", dest="ssh_port", type=nonneg_int, help="ssh port of the remote hosts")
     option("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE", help="ssh private key")
     flag("--gloo", dest="gloo", help="use gloo (the default; accepted for horovodrun compatibility)")
-    flag("--mpi", dest="mpi", help="accepted for horovodrun compatibility; ranks still use torch.distributed")
+    flag("--mpi", dest="mpi", help="changes nothing: ringtrain has no MPI mode, ranks talk over gloo/NCCL "
+         "either way (prints a note); to launch with mpirun, run mpirun yourself")
     option("--mpi-args", dest="mpi_args", help="accepted and ignored")
     option("--binding-args", dest="binding_args", help="accepted and ignored")
     flag("--disable-cache", dest="disable_cache", help="accepted (nothing is cached)")
