@@ -80,7 +80,7 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
     TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",
                "MPI threading (accepted; ringtrain uses no MPI)"),
     TuningFlag("--log-without-timestamp", "log_without_timestamp", "HOROVOD_LOG_HIDE_TIME", "true",
-               "hide timestamps in Horovod log lines"),
+               "hide timestamps in Horovod log lines (accepted; the engine writes none of its own)"),
     TuningFlag("--tcp", "tcp", "NCCL_IB_DISABLE", "true", "use TCP only for NCCL (sets NCCL_IB_DISABLE=1)"),
 )
 
