@@ -187,3 +187,19 @@ def test_hierarchical_process_set(ranks4):
     for result in results[1:]:
         assert result["hosts"] == [[1], [2, 3]]
         torch.testing.assert_close(result["out"], want)
+
+
+def bad_setting() -> str:
+    try:
+        fresh({"HOROVOD_HIERARCHICAL_ALLREDUCE": "maybe"})
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        os.environ.pop("HOROVOD_HIERARCHICAL_ALLREDUCE", None)
+    return ""
+
+
+def test_a_bad_setting_is_named(ranks2):
+    for message in ranks2.run(bad_setting):
+        assert message.startswith("HOROVOD_HIERARCHICAL_ALLREDUCE='maybe' is not a boolean.")
+        assert "HINT: set HOROVOD_HIERARCHICAL_ALLREDUCE=1" in message

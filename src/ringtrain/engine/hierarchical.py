@@ -80,10 +80,13 @@ class Topology:
             ctrl.allgather([rows], [mine]).wait()
         else:
             rows = [mine]
+        # Read on every rank, so that a bad value fails where it is set instead of leaving the others
+        # waiting for rank 0's choice.
+        allreduce, allgather = flag_from_env(ALLREDUCE_VARIABLE), flag_from_env(ALLGATHER_VARIABLE)
         return cls(
             hosts=tuple(int(row.item()) for row in rows),
-            allreduce=agree("ctrl/hierarchical_allreduce", lambda: flag_from_env(ALLREDUCE_VARIABLE)) == "1",
-            allgather=agree("ctrl/hierarchical_allgather", lambda: flag_from_env(ALLGATHER_VARIABLE)) == "1",
+            allreduce=agree("ctrl/hierarchical_allreduce", lambda: allreduce) == "1",
+            allgather=agree("ctrl/hierarchical_allgather", lambda: allgather) == "1",
         )
 
 
