@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.engine import hierarchical
-from ringtrain.engine.adasum import adasum_allreduce
 from ringtrain.engine.control_plane import ControlPlaneError
 from ringtrain.engine.requests import (
     ADASUM,
@@ -146,7 +145,7 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
         hierarchy = groups.extra.get("hierarchy")
         if ref.reduce_op == ADASUM:
             counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
-            run_adasum(groups, hierarchy, wire, counts, ref.device)
+            hierarchical.adasum_over_set(hierarchy, wire.reshape(-1), counts, ref.device)
         elif hierarchy is not None and hierarchy.applies_to_allreduce():
             torch_op = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
             hierarchical.allreduce(hierarchy, wire.reshape(-1), _COMBINE[ref.reduce_op], torch_op, ref.device)
@@ -241,7 +240,7 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
     _wait_inputs([request])
     hierarchy = groups.extra.get("hierarchy")
     if hierarchy is not None and hierarchy.applies_to_allgather():
-        hierarchical_allgather(response, request, groups, hierarchy)
+        hierarchical.run_allgather(hierarchy, response, request)
         return
     pg = groups.group(response.reference.device)
     for i, tensor in enumerate(request.inputs):
@@ -260,28 +259,6 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
             for count, chunk in zip(rows, recv):
                 out_bytes[offset : offset + count * row_bytes].copy_(chunk[: count * row_bytes])
                 offset += count * row_bytes
-        request.outputs[i] = out
-
-
-def run_adasum(groups: SetGroups, hierarchy: Any, flat: torch.Tensor, counts: list[int], device: int) -> None:
-    """Adasum over the set (see engine/adasum.py): flat on CPU tensors, by host for CUDA tensors and
-    for CPU tensors under hierarchical allreduce, as Horovod runs it."""
-    if hierarchy.adasum_by_host(device):
-        hierarchical.adasum(hierarchy, flat.reshape(-1), counts, device)
-    else:
-        adasum_allreduce(hierarchy.cpu_peers(groups.ranks, "all"), flat.reshape(-1), counts)
-
-
-def hierarchical_allgather(response: Response, request: Request, groups: SetGroups, hierarchy: Any) -> None:
-    """Allgather through the hosts' roots (HOROVOD_HIERARCHICAL_ALLGATHER)."""
-    device = response.reference.device
-    for i, tensor in enumerate(request.inputs):
-        row_shape = tuple(tensor.shape[1:])
-        row_bytes = math.prod(row_shape) * tensor.element_size()
-        sizes = {r: response.metas[r].shapes[i][0] * row_bytes for r in groups.ranks}
-        rows = sum(response.metas[r].shapes[i][0] for r in groups.ranks)
-        out = torch.empty((rows, *row_shape), dtype=tensor.dtype, device=tensor.device)
-        hierarchical.allgather(hierarchy, _bytes(tensor), sizes, _bytes(out), device)
         request.outputs[i] = out
 
 

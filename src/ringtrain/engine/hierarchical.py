@@ -26,6 +26,7 @@ hosts and of the roots for CUDA tensors, built the first time they are needed.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -215,4 +216,32 @@ def allgather(hierarchy: Hierarchy, mine: torch.Tensor, sizes: dict[int, int], o
         local.broadcast(out, 0)
 
 
-__all__ = ["Hierarchy", "Topology", "adasum", "allgather", "allreduce", "flag_from_env"]
+def adasum_over_set(hierarchy: Hierarchy, flat: torch.Tensor, counts: Sequence[int], device: int) -> None:
+    """Adasum of the set's ``flat`` vectors in place: by host where that applies (see
+    :meth:`Hierarchy.adasum_by_host`), else the pairwise tree over all members."""
+    if hierarchy.adasum_by_host(device):
+        adasum(hierarchy, flat, counts, device)
+    else:
+        adasum_allreduce(hierarchy.cpu_peers(hierarchy.set_groups.ranks, "all"), flat, counts)
+
+
+def run_allgather(hierarchy: Hierarchy, response: Any, request: Any) -> None:
+    """The executor's allgather of a request's tensors (dim 0 may differ per rank), through the roots."""
+    device = response.reference.device
+    members = hierarchy.set_groups.ranks
+    for i, tensor in enumerate(request.inputs):
+        row_shape = tuple(tensor.shape[1:])
+        row_bytes = math.prod(row_shape) * tensor.element_size()
+        rows = {r: response.metas[r].shapes[i][0] for r in members}
+        out = torch.empty((sum(rows.values()), *row_shape), dtype=tensor.dtype, device=tensor.device)
+        allgather(hierarchy, _as_bytes(tensor), {r: n * row_bytes for r, n in rows.items()}, _as_bytes(out),
+                  device)
+        request.outputs[i] = out
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+__all__ = ["Hierarchy", "Topology", "adasum", "adasum_over_set", "allgather", "allreduce", "flag_from_env",
+           "run_allgather"]
