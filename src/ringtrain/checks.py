@@ -166,10 +166,12 @@ def check_allreduce(hvd: ModuleType, op_name: str, device: torch.device, length:
     rank, size = hvd.rank(), hvd.size()
     name = f"allreduce[{op_name.lower()}]"
     if op_name == "Adasum":
-        # Adasum of mutually orthogonal vectors is their plain sum: one-hot rows give all ones.
+        # Adasum of mutually orthogonal vectors is their plain sum: one-hot rows give all ones; where
+        # ranks are averaged within their host first (CUDA tensors, as Horovod's NCCL build, or
+        # hierarchical allreduce), rank r's entry is 1 / (ranks on r's host).
         mine = torch.zeros(size, device=device)
         mine[rank] = 1.0
-        want = torch.ones(size, device=device)
+        want = torch.tensor([1.0 / n for n in _adasum_host_sizes(size, device)], device=device)
     elif op_name == "Product":
         mine = _product_contribution(rank, length, device)
         want = torch.stack([_product_contribution(r, length, device) for r in range(size)]).prod(0)
@@ -187,6 +189,21 @@ def check_allreduce(hvd: ModuleType, op_name: str, device: torch.device, length:
     if result.ok and not torch.equal(mine, before):
         return CheckResult(name, False, "allreduce changed its input tensor (it must be out-of-place)")
     return result
+
+
+def _adasum_host_sizes(size: int, device: torch.device) -> list[int]:
+    """For each rank, how many ranks Adasum averages it with first (1 where it does not)."""
+    from ringtrain.engine import state
+
+    # The engine of this process, when the API checked is ringtrain's own (a stand-in API has none).
+    engine = state.engine
+    hierarchy = engine.sets[0].extra.get("hierarchy") if engine is not None else None
+    index = -1
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    if hierarchy is None or not hierarchy.adasum_by_host(index):
+        return [1] * size
+    return [next(len(host) for host in hierarchy.hosts if r in host) for r in range(size)]
 
 
 def check_allreduce_large(hvd: ModuleType, device: torch.device, numel: int = 1 << 20) -> CheckResult:

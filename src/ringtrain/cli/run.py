@@ -41,23 +41,29 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
     TuningFlag("--cache-capacity", "cache_capacity", "HOROVOD_CACHE_CAPACITY", "int",
                "response cache entries (0 disables)"),
     TuningFlag("--hierarchical-allreduce", "hierarchical_allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE",
-               "bool", "hierarchical allreduce (accepted; no effect on gloo)"),
+               "bool", "allreduce within each host first, then across hosts (one rank per host), then "
+               "broadcast within the host"),
     TuningFlag("--hierarchical-allgather", "hierarchical_allgather", "HOROVOD_HIERARCHICAL_ALLGATHER",
-               "bool", "hierarchical allgather (accepted; no effect on gloo)"),
+               "bool", "allgather within each host first, then across hosts (one rank per host), then "
+               "broadcast within the host"),
     TuningFlag("--torus-allreduce", "torus_allreduce", "HOROVOD_TORUS_ALLREDUCE", "bool",
-               "torus allreduce (accepted; no effect on gloo)"),
-    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true", "autotune (accepted)"),
-    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str",
-               "autotune log file (accepted)"),
+               "torus allreduce (accepted; ringtrain has none)"),
+    # horovodrun's autotuner flags: accepted so that its command lines run, with one warning; listed
+    # under --autotune only (see AUTOTUNE_NOTE for why ringtrain does not tune).
+    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true",
+               "horovodrun's autotuner, also --autotune-log-file, --autotune-warmup-samples, "
+               "--autotune-steps-per-sample, --autotune-bayes-opt-max-samples and "
+               "--autotune-gaussian-process-noise: accepted with a warning; ringtrain does not autotune, "
+               "set --fusion-threshold-mb and --cycle-time-ms instead"),
+    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str", argparse.SUPPRESS),
     TuningFlag("--autotune-warmup-samples", "autotune_warmup_samples", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-               "int", "autotune warm-up samples (accepted)"),
+               "int", argparse.SUPPRESS),
     TuningFlag("--autotune-steps-per-sample", "autotune_steps_per_sample",
-               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", "autotune steps per sample (accepted)"),
+               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", argparse.SUPPRESS),
     TuningFlag("--autotune-bayes-opt-max-samples", "autotune_bayes_opt_max_samples",
-               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", "autotune samples (accepted)"),
+               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", argparse.SUPPRESS),
     TuningFlag("--autotune-gaussian-process-noise", "autotune_gaussian_process_noise",
-               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "autotune noise in [0, 1] (accepted)",
-               upper=1.0),
+               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", argparse.SUPPRESS, upper=1.0),
     TuningFlag("--timeline-filename", "timeline_filename", "HOROVOD_TIMELINE", "str",
                "write a Chrome-trace timeline to this file"),
     TuningFlag("--timeline-mark-cycles", "timeline_mark_cycles", "HOROVOD_TIMELINE_MARK_CYCLES", "true",
@@ -75,11 +81,23 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
     TuningFlag("--thread-affinity", "thread_affinity", "HOROVOD_THREAD_AFFINITY", "str",
                "background thread affinity (accepted)"),
     TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",
-               "accepted for horovodrun compatibility"),
+               "MPI threading (accepted; ringtrain uses no MPI)"),
     TuningFlag("--log-without-timestamp", "log_without_timestamp", "HOROVOD_LOG_HIDE_TIME", "true",
-               "hide timestamps in Horovod log lines"),
+               "hide timestamps in Horovod log lines (accepted; the engine writes none of its own)"),
     TuningFlag("--tcp", "tcp", "NCCL_IB_DISABLE", "true", "use TCP only for NCCL (sets NCCL_IB_DISABLE=1)"),
 )
+
+
+#: The one warning for any --autotune* flags. Horovod's autotuner searches fusion threshold, cycle time,
+#: cache and hierarchical settings while training runs. Here DistributedOptimizer sends fixed-size
+#: buckets and the thread that waits drives the rounds, so neither knob is on the path a tuner would
+#: move, and every change would have to reach all ranks in the same round.
+AUTOTUNE_NOTE = ("{flags}: accepted and ignored; ringtrain does not autotune. Set --fusion-threshold-mb, "
+                 "--cycle-time-ms or RINGTRAIN_BUCKET_CAP_MB yourself (docs/horovod-conformance.md).")
+#: What --mpi does here: nothing, said plainly.
+MPI_NOTE = ("--mpi: ringtrain has no MPI mode; the ranks are started by ringtrain and communicate over "
+            "torch.distributed (gloo for CPU tensors, NCCL for CUDA), exactly as without --mpi. To start "
+            "them with mpirun instead, run `mpirun -np N python train.py`: hvd.init() reads MPI's ranks.")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
@@ -99,7 +117,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("-p", "--ssh-port", dest="ssh_port", type=nonneg_int, help="ssh port of the remote hosts")
     option("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE", help="ssh private key")
     flag("--gloo", dest="gloo", help="use gloo (the default; accepted for horovodrun compatibility)")
-    flag("--mpi", dest="mpi", help="accepted for horovodrun compatibility; ranks still use torch.distributed")
+    flag("--mpi", dest="mpi", help="changes nothing: ringtrain has no MPI mode, ranks talk over gloo/NCCL "
+         "either way (prints a note); to launch with mpirun, run mpirun yourself")
     option("--mpi-args", dest="mpi_args", help="accepted and ignored")
     option("--binding-args", dest="binding_args", help="accepted and ignored")
     flag("--disable-cache", dest="disable_cache", help="accepted (nothing is cached)")
@@ -235,10 +254,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
                          "HINT: use c10d (elastic) or static.")
     notes = []
     if args.mpi:
-        notes.append("--mpi accepted: ranks communicate through torch.distributed (gloo/NCCL), not MPI.")
+        notes.append(MPI_NOTE)
     for name in ("mpi_args", "binding_args"):
         if getattr(args, name):
             notes.append(f"--{name.replace('_', '-')} accepted and ignored: no mpirun is started.")
+    autotune = [spec.flag for spec in TUNING_FLAGS
+                if spec.flag.startswith("--autotune") and getattr(args, spec.dest, None) is not None]
+    if autotune:
+        notes.append(AUTOTUNE_NOTE.format(flags=", ".join(autotune)))
     for spec in TUNING_FLAGS:
         if getattr(args, spec.dest) is not None and "(accepted" in spec.help:
             notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")

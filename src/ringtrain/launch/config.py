@@ -37,6 +37,7 @@ class DriverLink:
     """Every node's host name as the driver knows it, in node-rank order (``HOROVOD_HOSTNAME``)."""
 
 
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Everything ``launch`` needs, resolved from flags; nothing here is read again from argv."""
