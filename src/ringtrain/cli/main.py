@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "env",
     "script",
     "shim",
+    "aliases",
 )
 
 

@@ -1,9 +1,10 @@
 """Where the ranks go: one node here, many hosts, or the nodes of a Slurm/PBS allocation.
 
-Precedence: explicit torchrun node flags (``--node-rank``, ``--rdzv-endpoint``, ``--nnodes >1``), then
-``-H``/``--hostfile``, then an ``srun`` step (one task per node), then a Slurm batch shell (re-launch
-through ``srun``), then a PBS allocation (its node file), then this machine alone. Explicit flags and
-MASTER_ADDR/MASTER_PORT win over addresses derived from an allocation.
+Precedence: ``--standalone`` (this node alone), then explicit torchrun node flags (``--node-rank``,
+``--rdzv-endpoint``, ``--nnodes >1``), then ``-H``/``--hostfile``, then an ``srun`` step (one task per
+node), then a Slurm batch shell (re-launch through ``srun``), then a PBS allocation (its node file), then
+this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived from an
+allocation.
 """
 
 from __future__ import annotations
@@ -138,6 +139,10 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
     # meet derive theirs from what they share.
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
     shared_run_id = config.rdzv_id or SHARED_RUN_ID
+    if config.standalone:  # torchrun's meaning: this node alone, whatever the flags or the allocation say
+        return NodePlan(nproc=config.nproc_per_node or config.num_proc or 1, node_rank=0, min_nodes=1,
+                        max_nodes=1, rdzv_backend="static", rdzv_endpoint="", run_id=run_id, local_only=True,
+                        source="--standalone")
     multi_node_flags = config.node_rank is not None or config.rdzv_endpoint is not None \
         or (config.nnodes is not None and config.nnodes[1] > 1)
     if multi_node_flags:
