@@ -2,9 +2,9 @@
 
 Precedence: ``--standalone`` (this node alone), then explicit torchrun node flags (``--node-rank``,
 ``--rdzv-endpoint``, ``--nnodes >1``), then ``-H``/``--hostfile``, then an ``srun`` step (one task per
-node), then a Slurm batch shell (re-launch through ``srun``), then a PBS allocation (its node file), then
-this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived from an
-allocation.
+node), then a Slurm batch shell (re-launch through ``srun``), then a PBS or LSF allocation (its host
+file), then this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived
+from an allocation.
 """
 
 from __future__ import annotations
@@ -123,14 +123,16 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
 
 
-def _pbs_hosts(environ: Mapping[str, str]) -> tuple[HostSlots, ...]:
-    path = environ["PBS_NODEFILE"]
+def _allocation_hosts(config: LaunchConfig, variable: str, environ: Mapping[str, str]) -> HostsPlan:
+    """The hosts of a PBS or LSF job from its host file (one line per slot); ``--nproc-per-node`` wins
+    over the slot counts (a job may hold more cores per node than it runs ranks)."""
+    path = environ[variable]
     try:
         entries = hosts_from_nodefile(path)
-    except OSError as exc:
-        raise UsageError(f"PBS_NODEFILE {path!r} cannot be read: {exc}. HINT: run inside the PBS job, or "
-                         "pass the hosts with -H.") from None
-    return tuple(HostSlots(host, slots) for host, slots in entries)
+    except ClusterEnvironmentError as exc:  # it names the file, the line and the fix
+        raise UsageError(f"{variable}: {exc}") from None
+    hosts = tuple(HostSlots(host, config.nproc_per_node or slots) for host, slots in entries)
+    return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), variable)
 
 
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
@@ -199,8 +201,9 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
         return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
                         rdzv_endpoint="", run_id=run_id, local_only=True, source="slurm (one node)")
     if environ.get("PBS_JOBID") and environ.get("PBS_NODEFILE"):
-        hosts = _pbs_hosts(environ)
-        return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), "PBS_NODEFILE")
+        return _allocation_hosts(config, "PBS_NODEFILE", environ)
+    if environ.get("LSB_JOBID") and environ.get("LSB_DJOB_HOSTFILE"):
+        return _allocation_hosts(config, "LSB_DJOB_HOSTFILE", environ)
     nproc = config.num_proc or config.nproc_per_node or 1
     return NodePlan(nproc=nproc, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
                     rdzv_endpoint="", run_id=run_id, local_only=True, source="local")
