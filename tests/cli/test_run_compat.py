@@ -305,6 +305,10 @@ def test_rdzv_conf_is_parsed_into_the_config():
     (["--tee", "0:", "python", "x.py"], "--tee '0:' is not N or LOCAL_RANK:N"),
     (["--rdzv-conf", "timeout", "python", "x.py"], "'timeout' is not KEY=VALUE"),
     (["--rdzv-conf", "rank=1", "python", "x.py"], "HINT: give it as --node-rank 1"),
+    (["--rdzv-conf", "timeout=abc", "python", "x.py"], "timeout='abc' is not a whole number of seconds"),
+    (["--rdzv-conf", "is_host=maybe", "python", "x.py"], "is_host='maybe' is not true or false"),
+    (["-np", "1", "--log-dir", "/dev/null/logs", "python", "-c", "pass"],
+     "--log-dir '/dev/null/logs' cannot be created"),
 ])
 def test_bad_values_exit_2_with_the_value_and_the_fix(argv, needle, capsys):
     assert main(["run", *argv]) == 2

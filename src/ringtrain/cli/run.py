@@ -216,6 +216,10 @@ def parse_nproc_per_node(value: str) -> int:
 
 
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Rendezvous settings that torch reads as whole numbers (seconds, or a count for keep_alive_max_attempt).
+_RDZV_WHOLE_SECONDS = frozenset({"timeout", "read_timeout", "join_timeout", "last_call_timeout",
+                                 "close_timeout", "heartbeat", "keep_alive_interval",
+                                 "keep_alive_max_attempt"})
 _STREAMS = re.compile(r"^[0-3]$|^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
 
 
@@ -254,6 +258,12 @@ def parse_rdzv_conf(value: str | None) -> dict[str, str]:
         if key == "rank":
             raise UsageError(f"--rdzv-conf {value!r} sets the node rank. HINT: give it as --node-rank "
                              f"{val.strip() or 'N'} instead.")
+        if key in _RDZV_WHOLE_SECONDS and not val.strip().isdigit():
+            raise UsageError(f"--rdzv-conf {value!r}: {key}={val.strip()!r} is not a whole number of "
+                             f"{'attempts' if key.endswith('attempt') else 'seconds'}. HINT: e.g. {key}=60.")
+        if key == "is_host" and val.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
+            raise UsageError(f"--rdzv-conf {value!r}: is_host={val.strip()!r} is not true or false. "
+                             "HINT: e.g. is_host=true on the node that hosts the rendezvous store.")
         conf[key] = val.strip()
     return conf
 

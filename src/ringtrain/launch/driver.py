@@ -59,6 +59,19 @@ def check_command(command: Sequence[str], no_python: bool = False) -> None:
                          "Python script to run.")
 
 
+def check_log_dir(path: str) -> None:
+    """``--log-dir`` must be a folder this process can create and write (on every node it runs on)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise UsageError(f"--log-dir {path!r} cannot be created: {exc.strerror}. HINT: give a folder path "
+                         "that this user may create, e.g. --log-dir ./logs.") from None
+    if not writable:
+        raise UsageError(f"--log-dir {path!r} is not writable. HINT: pick a folder of your own, e.g. "
+                         "--log-dir ./logs.")
+
+
 def check_build() -> str:
     """horovodrun --check-build's summary for this installation."""
     import torch.distributed as dist
@@ -89,6 +102,8 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     if config.verbose:
         print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
     exported_values(config, environ)  # a bare -x NAME that is not set here fails before anything starts
+    if config.log_dir:
+        check_log_dir(config.log_dir)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)
