@@ -302,7 +302,8 @@ PUBLIC_FLAGS = {
     "--gloo-timeout-seconds", "--num-nccl-streams", "--thread-affinity", "--mpi-threads-disable",
     "--log-without-timestamp", "--tcp", "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend",
     "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
-    "--no-horovod-shim",
+    "--no-horovod-shim", "-x", "--export", "-m", "--module", "--no-python", "--run-path", "--log-dir",
+    "--redirects", "--tee", "--local-addr", "--rdzv-conf",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}

@@ -9,7 +9,8 @@ so the repo, the venv and the data are at the same paths on both hosts, as on a 
 shared home.
 
 Nothing global is edited: the host names live in ``/etc/netns/<ns>/hosts`` and the ssh client
-settings (known hosts) in ``/etc/netns/<ns>/ssh/ssh_config``, which ``ip netns exec`` bind-mounts
+settings (known hosts, the generated key as the default identity, as a cluster's ~/.ssh would have
+it) in ``/etc/netns/<ns>/ssh/ssh_config``, which ``ip netns exec`` bind-mounts
 over ``/etc/hosts`` and ``/etc/ssh`` for processes of that namespace only. Those files, the
 namespaces and the sshds are removed at teardown; a stale set from a killed session is removed at
 start-up. An sshd dies with the test session (see ``spawn_daemon``).
@@ -89,6 +90,21 @@ class NamespaceHosts:
         h = self.hosts[host]
         return ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c",
                 f'hostname {h.name} && exec "$@"', "sh", *argv]
+
+    def daemon_command(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` on ``host`` like :meth:`command`, but with this machine's ``/sys`` left in place.
+
+        ``ip netns exec`` mounts a fresh sysfs, which hides ``/sys/fs/cgroup``: slurmd refuses to start
+        without it. Here the network namespace is entered with ``nsenter`` and the name files of
+        ``/etc/netns/<ns>/`` are bind-mounted over ``/etc`` in a private mount namespace, as ``ip netns
+        exec`` does, so the process resolves and ssh-es exactly as one started by :meth:`command`.
+        """
+        h = self.hosts[host]
+        etc = NETNS_ETC / h.namespace
+        script = (f'for f in {etc}/*; do mount --bind "$f" "/etc/${{f##*/}}" || exit 1; done; '
+                  f'hostname {h.name} && exec "$@"')
+        return ["nsenter", f"--net=/run/netns/{h.namespace}", "unshare", "--mount", "--uts", "sh", "-c",
+                script, "sh", *argv]
 
     def run(self, host: str, argv: list[str], timeout: float = 300.0,
             env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -190,6 +206,7 @@ class NamespaceHosts:
         # The whole of /etc/ssh is replaced in the namespace: this is all the ssh client needs.
         (etc / "ssh" / "ssh_config").write_text(
             "Host *\n"
+            f"    IdentityFile {self.key}\n"
             f"    UserKnownHostsFile {self.root / 'known_hosts'}\n"
             "    StrictHostKeyChecking yes\n"
             "    LogLevel ERROR\n")

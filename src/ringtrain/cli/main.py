@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "script",
     "shim",
     "bench",
+    "aliases",
 )
 
 
