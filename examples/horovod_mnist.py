@@ -173,8 +173,11 @@ def main(args):
     test_loader = DataLoader(test_dataset, batch_size=args.test_batch_size, sampler=test_sampler)
 
     model = Net().to(device)
-    # Step 3: scale the learning rate by the number of workers (Adasum needs no scaling on CPU).
+    # Step 3: scale the learning rate by the number of workers. Adasum needs no scaling on CPU; on GPUs
+    # each host first averages its ranks' updates, so Horovod scales by the ranks of one host.
     lr_scaler = 1 if args.use_adasum else hvd.size()
+    if args.use_adasum and use_cuda and hvd.nccl_built():
+        lr_scaler = hvd.local_size()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
 
     # Step 5: start every rank from rank 0's weights and optimizer state.

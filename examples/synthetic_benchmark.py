@@ -7,6 +7,11 @@ per device, reported as mean +- 1.96 standard deviations, and in total for all w
 
     ringtrain run -np 2 python examples/synthetic_benchmark.py --model resnet18 --fp16-allreduce
     python -m torch.distributed.run --standalone --nproc-per-node 2 examples/synthetic_benchmark.py
+
+Every worker also reports its timed rounds to ``ringtrain bench`` (``ringtrain.bench.report``), so a
+scaling table over process counts is one command (docs/bench.md):
+
+    ringtrain bench --np 1,2 -- python examples/synthetic_benchmark.py --model mnist-cnn
 """
 
 import argparse
@@ -17,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import ringtrain as hvd
+import ringtrain.bench
 from ringtrain.workloads import get_workload
 
 #: --model name -> (workload, architecture, input shape, classes)
@@ -85,11 +91,19 @@ def main() -> None:
 
     log("Running benchmark...")
     img_secs = []
+    timed_seconds = 0.0
     for x in range(args.num_iters):
         seconds = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
+        timed_seconds += seconds
         img_sec = args.batch_size * args.num_batches_per_iter / seconds
         log(f"Iter #{x}: {img_sec:.1f} img/sec per {device_name}")
         img_secs.append(img_sec)
+
+    # the line `ringtrain bench` reads: this worker's images and seconds, warm-up left out
+    steps = args.num_iters * args.num_batches_per_iter
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    ringtrain.bench.report(items=args.batch_size * steps, seconds=timed_seconds, steps=steps,
+                           gradient_bytes=gradient_bytes)
 
     # Rank 0's rounds stand for every worker: the allreduce in each step keeps them in lockstep.
     img_sec_mean = np.mean(img_secs)

@@ -172,3 +172,56 @@ def test_pick_device_without_cuda():
     assert checks.pick_device("cpu", 5) == CPU
     with pytest.raises(ValueError, match="--device cuda was asked for but torch sees no CUDA device. HINT:"):
         checks.pick_device("cuda", 0)
+
+
+# --- across hosts -------------------------------------------------------------------------------
+
+VERSIONS = {"ringtrain": "0.1.0", "torch": "2.13.0", "python": "3.11.7"}
+
+
+def site(rank, host, peers=None, clock=0.0, **versions):
+    return checks.RankSite(rank=rank, host=host, interfaces=(("lo", "127.0.0.1"), ("eth0", f"10.0.0.{rank}")),
+                           peers=peers or {}, clock_offset=clock, versions={**VERSIONS, **versions})
+
+
+def test_hosts_group_ranks_in_order_of_first_appearance():
+    sites = [site(0, "a"), site(1, "a"), site(2, "b"), site(3, "a")]
+    hosts = checks.summarize_hosts(sites)
+    assert [(h.host, h.ranks) for h in hosts] == [("a", (0, 1, 3)), ("b", (2,))]
+
+
+def test_a_rank_is_reached_on_the_addresses_other_hosts_saw():
+    sites = [site(0, "a", {1: "127.0.0.1", 2: "10.0.0.2"}), site(1, "a", {0: "127.0.0.1", 2: "10.0.0.2"}),
+             site(2, "b", {0: "10.0.0.1", 1: "10.0.0.1"})]
+    assert checks.reached_on(sites, 0) == ["10.0.0.1"]  # loopback from its own host does not count
+    assert checks.reached_on(sites, 2) == ["10.0.0.2"]
+
+
+def test_same_versions_and_clocks_give_no_warning():
+    assert checks.host_warnings([site(0, "a"), site(1, "b", clock=0.2)]) == []
+
+
+@pytest.mark.parametrize("package", ["ringtrain", "torch", "python"])
+def test_versions_that_differ_between_hosts_are_a_warning_naming_each(package):
+    (warning,) = checks.host_warnings([site(0, "a"), site(1, "b", **{package: "9.9.9"})])
+    assert warning.startswith(f"{package} versions differ between ranks: ")
+    assert f"{VERSIONS[package]} on a (rank 0)" in warning
+    assert "9.9.9 on b (rank 1)" in warning
+    assert "HINT:" in warning
+
+
+def test_a_clock_far_off_is_a_warning():
+    (warning,) = checks.host_warnings([site(0, "a"), site(1, "b", clock=-42.0)])
+    assert "clocks differ from a's by b -42.0 s" in warning
+    assert "HINT: run an NTP client" in warning
+
+
+def test_links_pair_every_host_up_to_a_limit_then_go_from_the_first():
+    few = checks.summarize_hosts([site(r, f"h{r}") for r in range(3)])
+    assert [(a.host, b.host) for a, b in checks.link_pairs(few)] == [("h0", "h1"), ("h0", "h2"), ("h1", "h2")]
+    many = checks.summarize_hosts([site(r, f"h{r}") for r in range(checks.ALL_PAIRS_MAX_HOSTS + 1)])
+    assert [b.host for a, b in checks.link_pairs(many)] == [f"h{r}" for r in range(1, len(many))]
+
+
+def test_interfaces_include_loopback():
+    assert ("lo", "127.0.0.1") in checks.interface_addresses()

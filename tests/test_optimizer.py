@@ -93,7 +93,7 @@ def validation_errors() -> dict[str, str]:
     record("missing", lambda: hvd.DistributedOptimizer(sgd(), named_parameters=named[:2]))
     record("passes", lambda: hvd.DistributedOptimizer(sgd(), backward_passes_per_step=0))
     record("predivide", lambda: hvd.DistributedOptimizer(sgd(), op=hvd.Sum, gradient_predivide_factor=2.0))
-    record("adasum", lambda: hvd.DistributedOptimizer(sgd(), op=hvd.Adasum))
+    record("adasum", lambda: hvd.DistributedOptimizer(sgd(), op=hvd.Adasum, gradient_predivide_factor=2.0))
     record("groups_type", lambda: hvd.DistributedOptimizer(sgd(), groups="two"))
     record("groups_twice", lambda: hvd.DistributedOptimizer(sgd(), groups=[[named[0][1]], [named[0][1]]]))
     record("groups_elem", lambda: hvd.DistributedOptimizer(sgd(), groups=[[1.0]]))
@@ -109,8 +109,8 @@ def test_validation_errors(ranks2):
         errors["missing"]
     assert errors["passes"] == "ValueError: backward_passes_per_step must be > 0"
     assert errors["predivide"] == "ValueError: gradient_predivide_factor not supported with op != Average"
-    assert errors["adasum"].startswith("NotImplementedError: op=Adasum")
-    assert "HINT:" in errors["adasum"]
+    # op=Adasum works (tests/test_adasum_optimizer.py); only Average takes a predivide factor.
+    assert errors["adasum"] == "ValueError: gradient_predivide_factor not supported with op != Average"
     assert errors["groups_type"].startswith("ValueError")
     assert errors["groups_twice"].startswith("ValueError")
     assert errors["groups_elem"].startswith("ValueError")

@@ -80,31 +80,48 @@ def test_no_absolute_paths_of_a_machine() -> None:
     assert offenders == [], f"absolute machine paths in {offenders}"
 
 
-def _imports_outside_import_guards(tree: ast.AST) -> set[str]:
-    """Top-level names of the modules ``tree`` imports, except inside ``try: ... except ImportError``."""
+def _imports(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Top-level names of the modules ``tree`` imports: (when the module loads, only when a function runs).
+
+    Imports inside ``try: ... except ImportError`` are left out: the code works without them.
+    """
     guarded: set[int] = set()
+    in_functions: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and any(
                 isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
                 for h in node.handlers):
             guarded |= {id(n) for statement in node.body for n in ast.walk(statement)}
-    names = set()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            in_functions |= {id(n) for n in ast.walk(node)}
+    at_load, lazily = set(), set()
     for node in ast.walk(tree):
-        if id(node) in guarded:
-            continue
+        names: set[str] = set()
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+            names = {node.module.split(".")[0]}
+        if names and id(node) not in guarded:
+            (lazily if id(node) in in_functions else at_load).update(names)
+    return at_load, lazily
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~ \[]", requirement)[0] for requirement in requirements}
 
 
 def test_the_minimal_install_has_every_package_the_code_imports() -> None:
-    # the README's first command installs ringtrain without extras: nothing may need them unguarded
+    # The README's first command installs ringtrain without extras: every module must load with the
+    # dependencies alone, and an extra (plot, tensorboard) may only be imported where it is used.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    installed = {re.split(r"[<>=!~ \\[]", requirement)[0] for requirement in project["dependencies"]}
-    needed = set()
+    installed = _requirement_names(project["dependencies"])
+    extras = set().union(*(_requirement_names(r) for r in project["optional-dependencies"].values()))
+    ours = set(sys.stdlib_module_names) | {"ringtrain", "horovod", "__future__"}
+    at_load, lazily = set(), set()
     for path in (ROOT / "src" / "ringtrain").rglob("*.py"):
-        needed |= _imports_outside_import_guards(ast.parse(path.read_text(), str(path)))
-    third_party = needed - set(sys.stdlib_module_names) - {"ringtrain", "horovod", "__future__"}
-    assert third_party <= installed, f"imported but not a dependency: {sorted(third_party - installed)}"
+        loaded, used = _imports(ast.parse(path.read_text(), str(path)))
+        at_load |= loaded - ours
+        lazily |= used - ours
+    assert at_load <= installed, f"imported on load, not a dependency: {sorted(at_load - installed)}"
+    missing = sorted(lazily - installed - extras)
+    assert not missing, f"imported, but in no dependency or extra: {missing}"

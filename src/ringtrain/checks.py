@@ -1,4 +1,4 @@
-"""Self-test of a job: is every collective correct, and how fast is allreduce here?
+"""Self-test of a job: is every collective correct, how fast is allreduce here, and how do its hosts differ?
 
 ``ringtrain check`` runs these under any launcher (``ringtrain run``, ``srun``, ``mpirun``,
 torchrun, or alone). Every check builds each rank's contribution from a deterministic function of
@@ -7,12 +7,20 @@ collective returned; a wrong answer is reported with the first mismatching value
 
 The checks go through ringtrain's Horovod-compatible API (``import ringtrain as hvd``), never through
 ``torch.distributed`` directly: the point is to test the stack a training script will use.
+
+Across hosts (:func:`gather_hosts`, :func:`measure_links`, :func:`host_warnings`): every rank reports its
+host's network interfaces, the addresses other ranks reached it on, its clock and its versions of
+ringtrain, torch and Python; the allreduce bandwidth of each pair of hosts is measured on a process set of
+one rank per host; hosts whose versions or clocks differ get a warning.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import socket
 import statistics
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,6 +64,56 @@ class BandwidthSample:
     busbw_mbps: float
 
 
+@dataclass(frozen=True)
+class RankSite:
+    """Where one rank runs, as it sees it: gathered from every rank by :func:`gather_hosts`."""
+
+    rank: int
+    host: str
+    interfaces: tuple[tuple[str, str], ...]
+    """``(name, IPv4 address or "")`` of every interface of the host."""
+    peers: dict[int, str]
+    """Rank -> the address of that rank's end of this rank's control connection (from other hosts,
+    the address it was reached on; from this host, loopback)."""
+    clock_offset: float
+    """This rank's clock minus rank 0's, in seconds (median of a few samples taken after barriers)."""
+    versions: dict[str, str]
+    """``ringtrain``, ``torch`` and ``python`` versions."""
+    gloo_ifname: str = ""
+    """``GLOO_SOCKET_IFNAME`` of the rank, when set."""
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """One host of the job: its ranks and what they share."""
+
+    host: str
+    ranks: tuple[int, ...]
+    interfaces: tuple[tuple[str, str], ...]
+    clock_offset: float
+    versions: dict[str, str]
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """Allreduce bandwidth between two hosts, measured on one rank of each."""
+
+    host_a: str
+    host_b: str
+    ranks: tuple[int, int]
+    nbytes: int
+    seconds: float
+    #: Bytes each way per second over the link (busbw of a 2-rank allreduce, which equals its algbw).
+    mbps: float
+
+
+#: Clocks further apart than this get a warning (logs and timestamps of the hosts stop lining up).
+CLOCK_SKEW_WARN_S = 1.0
+#: Above this many hosts, links are measured from the first host to each other, not between every pair.
+ALL_PAIRS_MAX_HOSTS = 8
+_SIOCGIFADDR = 0x8915
+
+
 @dataclass
 class CheckReport:
     """Everything one rank found; ``ok`` is false if any check failed here."""
@@ -71,6 +129,9 @@ class CheckReport:
     gpus: list[str] = field(default_factory=list)
     results: list[CheckResult] = field(default_factory=list)
     bandwidth: list[BandwidthSample] = field(default_factory=list)
+    sites: list[RankSite] = field(default_factory=list)
+    links: list[LinkSample] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -82,10 +143,16 @@ class CheckReport:
         """True when no check failed on this rank."""
         return not self.failures
 
+    @property
+    def hosts(self) -> list[HostSummary]:
+        """The job's hosts in order of their first rank."""
+        return summarize_hosts(self.sites)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (for ``ringtrain check --json``)."""
         data = asdict(self)
         data["ok"] = self.ok
+        data["hosts"] = [asdict(h) for h in self.hosts]
         return data
 
 
@@ -166,10 +233,12 @@ def check_allreduce(hvd: ModuleType, op_name: str, device: torch.device, length:
     rank, size = hvd.rank(), hvd.size()
     name = f"allreduce[{op_name.lower()}]"
     if op_name == "Adasum":
-        # Adasum of mutually orthogonal vectors is their plain sum: one-hot rows give all ones.
+        # Adasum of mutually orthogonal vectors is their plain sum: one-hot rows give all ones; where
+        # ranks are averaged within their host first (CUDA tensors, as Horovod's NCCL build, or
+        # hierarchical allreduce), rank r's entry is 1 / (ranks on r's host).
         mine = torch.zeros(size, device=device)
         mine[rank] = 1.0
-        want = torch.ones(size, device=device)
+        want = torch.tensor([1.0 / n for n in _adasum_host_sizes(size, device)], device=device)
     elif op_name == "Product":
         mine = _product_contribution(rank, length, device)
         want = torch.stack([_product_contribution(r, length, device) for r in range(size)]).prod(0)
@@ -187,6 +256,21 @@ def check_allreduce(hvd: ModuleType, op_name: str, device: torch.device, length:
     if result.ok and not torch.equal(mine, before):
         return CheckResult(name, False, "allreduce changed its input tensor (it must be out-of-place)")
     return result
+
+
+def _adasum_host_sizes(size: int, device: torch.device) -> list[int]:
+    """For each rank, how many ranks Adasum averages it with first (1 where it does not)."""
+    from ringtrain.engine import state
+
+    # The engine of this process, when the API checked is ringtrain's own (a stand-in API has none).
+    engine = state.engine
+    hierarchy = engine.sets[0].extra.get("hierarchy") if engine is not None else None
+    index = -1
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    if hierarchy is None or not hierarchy.adasum_by_host(index):
+        return [1] * size
+    return [next(len(host) for host in hierarchy.hosts if r in host) for r in range(size)]
 
 
 def check_allreduce_large(hvd: ModuleType, device: torch.device, numel: int = 1 << 20) -> CheckResult:
@@ -362,6 +446,160 @@ def count_failures_everywhere(hvd: ModuleType, local_failures: int) -> int:
         return int(round(float(total.sum())))
     except Exception:  # noqa: BLE001 - the verdict must not crash the report
         return local_failures + 1
+
+
+# --- across hosts ------------------------------------------------------------------------------
+
+def interface_addresses() -> tuple[tuple[str, str], ...]:
+    """``(name, IPv4 address)`` of this host's interfaces (Linux ioctl; "" where one has no IPv4)."""
+    try:
+        import fcntl  # Linux and other Unix systems
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return ()
+    found = []
+    for name in names:
+        address = ""
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            address = socket.inet_ntoa(packed[20:24])
+        except OSError:
+            pass
+        found.append((name, address))
+    return tuple(found)
+
+
+def _peer_addresses(rank: int, size: int) -> dict[int, str]:
+    """The address of each peer's end of this rank's control connection (empty without the socket mesh)."""
+    from ringtrain.engine import state
+
+    plane = state.engine.plane if state.engine is not None else None
+    if plane is None:
+        return {}
+    found = {}
+    for peer in range(size):
+        if peer == rank:
+            continue
+        try:
+            found[peer] = str(plane.peer_socket(peer).getpeername()[0])
+        except OSError:
+            found[peer] = ""
+    return found
+
+
+def _clock_offsets(hvd: ModuleType, rounds: int = 3) -> list[float]:
+    """Each rank's clock minus rank 0's, taken right after barriers (error: the barrier's release spread)."""
+    samples = []
+    for k in range(rounds):
+        hvd.barrier()
+        now = time.time()
+        times = hvd.allgather_object(now, name=f"check.clock.{k}")
+        samples.append([t - times[0] for t in times])
+    return [statistics.median(column) for column in zip(*samples)]
+
+
+def gather_hosts(hvd: ModuleType) -> list[RankSite]:
+    """Every rank's :class:`RankSite`, in rank order, on every rank (collective)."""
+    rank, size = hvd.rank(), hvd.size()
+    offsets = _clock_offsets(hvd)
+    mine = RankSite(rank=rank, host=socket.gethostname(), interfaces=interface_addresses(),
+                    peers=_peer_addresses(rank, size), clock_offset=offsets[rank],
+                    versions={"ringtrain": str(ringtrain.__version__), "torch": str(torch.__version__),
+                              "python": platform.python_version()},
+                    gloo_ifname=os.environ.get("GLOO_SOCKET_IFNAME", ""))
+    return list(hvd.allgather_object(mine, name="check.sites"))
+
+
+def summarize_hosts(sites: Sequence[RankSite]) -> list[HostSummary]:
+    """Group ranks by host name, in order of first appearance (the first rank speaks for its host)."""
+    groups: dict[str, list[RankSite]] = {}
+    for site in sites:
+        groups.setdefault(site.host, []).append(site)
+    return [HostSummary(host, tuple(s.rank for s in members), members[0].interfaces, members[0].clock_offset,
+                        members[0].versions) for host, members in groups.items()]
+
+
+def reached_on(sites: Sequence[RankSite], rank: int) -> list[str]:
+    """The addresses other hosts' ranks reached ``rank`` on (what a firewall or interface choice sees)."""
+    host = sites[rank].host
+    found = []
+    for site in sites:
+        address = site.peers.get(rank, "")
+        if site.host != host and address and address not in found:
+            found.append(address)
+    return found
+
+
+def link_pairs(hosts: Sequence[HostSummary]) -> list[tuple[HostSummary, HostSummary]]:
+    """Every pair of hosts, or from the first host to each other one when there are many."""
+    if len(hosts) <= ALL_PAIRS_MAX_HOSTS:
+        return [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
+    return [(hosts[0], b) for b in hosts[1:]]
+
+
+def measure_links(hvd: ModuleType, sites: Sequence[RankSite], nbytes: int, iterations: int,
+                  progress: Callable[[str], None] | None = None) -> list[LinkSample]:
+    """Allreduce bandwidth of each pair of hosts, on a process set of their first ranks (collective).
+
+    Needs ``hvd.init(process_sets="dynamic")``. Pairs are measured one after another, so each link
+    carries only its own test.
+    """
+    rank = hvd.rank()
+    samples = []
+    for a, b in link_pairs(summarize_hosts(sites)):
+        pair = (a.ranks[0], b.ranks[0])
+        if progress is not None:
+            progress(f"link {a.host} <-> {b.host}")
+        whole_world = hvd.size() == 2  # the pair is every rank: the global set (a copy would be refused)
+        process_set = hvd.global_process_set if whole_world else hvd.add_process_set(list(pair))
+        try:
+            if rank in pair:
+                tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+                name = f"check.link.{pair[0]}.{pair[1]}"
+                hvd.allreduce(tensor, name=name, op=hvd.Sum, process_set=process_set)  # warm-up
+                times = []
+                for _ in range(iterations):
+                    start = time.perf_counter()
+                    hvd.allreduce(tensor, name=name, op=hvd.Sum, process_set=process_set)
+                    times.append(time.perf_counter() - start)
+                if rank == pair[0]:  # both ends timed it; the lower rank's sample speaks for the link
+                    seconds = statistics.median(times)
+                    actual = tensor.numel() * 4
+                    samples.append(LinkSample(a.host, b.host, pair, actual, seconds,
+                                              actual / seconds / 1e6 if seconds > 0 else float("inf")))
+        finally:
+            if not whole_world:
+                hvd.remove_process_set(process_set)
+    gathered = hvd.allgather_object(samples, name="check.links")
+    return [sample for per_rank in gathered for sample in per_rank]
+
+
+def host_warnings(sites: Sequence[RankSite]) -> list[str]:
+    """Warnings about hosts that differ: versions of ringtrain, torch or Python, and clocks."""
+    warnings = []
+    hosts = summarize_hosts(sites)
+    for package in ("ringtrain", "torch", "python"):
+        seen: dict[str, list[str]] = {}
+        for site in sites:
+            where = f"{site.host} (rank {site.rank})"
+            seen.setdefault(site.versions.get(package, "?"), []).append(where)
+        if len(seen) > 1:
+            listing = "; ".join(f"{version} on {', '.join(where)}" for version, where in seen.items())
+            reference = sites[0].versions.get(package, "?")
+            fix = (f"pip install {package}=={reference}" if package != "python"
+                   else f"use Python {reference} everywhere")
+            warnings.append(f"{package} versions differ between ranks: {listing}. Ranks that run different "
+                            f"versions can disagree on messages and results. HINT: install the same version "
+                            f"on every host, e.g. {fix}.")
+    far = [h for h in hosts if abs(h.clock_offset) >= CLOCK_SKEW_WARN_S]
+    if far:
+        listing = ", ".join(f"{h.host} {h.clock_offset:+.1f} s" for h in far)
+        warnings.append(f"clocks differ from {hosts[0].host}'s by {listing}: log times and snapshot times of "
+                        "the hosts do not line up, and munge or Kerberos may refuse credentials. HINT: run "
+                        "an NTP client (chrony, ntpd, systemd-timesyncd) on every host.")
+    return warnings
 
 
 def control_plane_description() -> str:

@@ -13,35 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from ringtrain import mpi_ops
+from ringtrain.adasum_optimizer import DistributedAdasumOptimizer
 from ringtrain.compression import CastCompressor, Compression, Compressor
 from ringtrain.engine import state
 from ringtrain.functions import broadcast_object
+from ringtrain.ops import sparse
+from ringtrain.optimizer_names import STEP_AFTER_SYNC, TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names
 from ringtrain.process_sets import ProcessSet, global_process_set
-
-_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call "
-                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-_ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
-                   "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
-_STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
-                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
-                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
-                    "your code.")
-
-
-def _duplicates(names: Iterable[str]) -> list[str]:
-    seen: set[str] = set()
-    dups: list[str] = []
-    for name in names:
-        if name in seen and name not in dups:
-            dups.append(name)
-        seen.add(name)
-    return dups
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -58,30 +42,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
         self._ringtrain_base.__init__(self, params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", p)
-                                for i, group in enumerate(self.param_groups)
-                                for j, p in enumerate(group["params"])]
-        if any(not isinstance(item, tuple) for item in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = _duplicates(name for name, _ in named_parameters)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                             + ", ".join(dups))
-        all_ids = {id(p) for group in self.param_groups for p in group["params"]}
-        named_ids = {id(p) for _, p in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not "
-                             "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed)))
-        if backward_passes_per_step <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-
-        self._parameter_names: dict[torch.Tensor, str] = {p: name for name, p in sorted(named_parameters,
-                                                                                     key=lambda t: t[0])}
+        self._parameter_names = parameter_names(self, named_parameters, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -179,7 +140,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Post-accumulate-grad hook: p.grad is final for this backward pass."""
         delay = self._allreduce_delay[p]
         if delay <= 0:
-            raise AssertionError(_TOO_MANY_PASSES)
+            raise AssertionError(TOO_MANY_PASSES)
         if p.grad is None or p.grad.requires_grad:
             return
         self._allreduce_delay[p] = delay = delay - 1
@@ -219,10 +180,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in members:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:  # sparse_as_dense
-                p.grad = p.grad.to_dense()
         compress = self._compression.compress
-        packed = [compress(p.grad) for p in members]
+        # sparse_as_dense: a dense copy travels; the gradient itself stays sparse (see synchronize).
+        packed = [compress(sparse.as_dense(p.grad)) for p in members]
         handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=self._bucket_names[index],
                                                   op=self.op, prescale_factor=self._prescale,
                                                   postscale_factor=self._postscale,
@@ -244,7 +204,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._solo:
             if self._handles.get(p) is None:
                 if p.grad is None:
-                    p.grad = torch.zeros_like(p).to_sparse()
+                    p.grad = sparse.empty_like_sparse(p)
                 self._handles[p] = self._submit_solo(p)
         decompress = self._compression.decompress
         # The built-in cast compressors' decompress is a dtype cast, which copy_ does on the way into
@@ -253,6 +213,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
             for p, output, ctx in zip(self._buckets[index], outputs, contexts):
+                if p.grad.is_sparse:  # sparse_as_dense: back to a sparse gradient, as Horovod does
+                    p.grad = sparse.like_sparse(decompress(output, ctx), p.grad)
+                    continue
                 if casts and ctx == p.grad.dtype:
                     p.grad.copy_(output)
                     continue
@@ -262,7 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._solo:
             result = self._handles[p]()
             if p.grad.is_sparse:
-                p.grad.zero_().add_(result)
+                p.grad = result
             else:
                 p.grad.copy_(result.to_dense())
         self._reset_step()
@@ -289,7 +252,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Average the gradients (unless inside ``skip_synchronize()``), then step."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(_STEP_AFTER_SYNC, UserWarning, stacklevel=2)
+                warnings.warn(STEP_AFTER_SYNC, UserWarning, stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return self._ringtrain_base.step(self, closure)
@@ -297,7 +260,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         """Zero the gradients; refused while allreduces of this step are still pending."""
         if self._handles:
-            raise AssertionError(_ZERO_GRAD_RACE)
+            raise AssertionError(ZERO_GRAD_RACE)
         return self._ringtrain_base.zero_grad(self, *args, **kwargs)
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
@@ -353,9 +316,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                         raise ValueError("A parameter can only appear once in groups.")
                     seen.add(id(p))
     if op == mpi_ops.Adasum and mpi_ops.size() > 1:
-        raise NotImplementedError(
-            "op=Adasum is not implemented by ringtrain (Horovod supports it only with MPI builds). "
-            "HINT: use op=hvd.Average (the default) or hvd.Sum.")
+        # Horovod's delta optimizer: each rank steps locally and the parameter deltas are combined.
+        return DistributedAdasumOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                                          process_set)
     base = type(optimizer)
     namespace = dict(_GRAFTED)
     namespace["_ringtrain_base"] = base

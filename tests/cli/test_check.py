@@ -59,6 +59,8 @@ def test_alone_it_is_one_rank_and_passes() -> None:
     assert "all checks passed on 1 rank(s)" in result.stdout
     assert "allreduce bandwidth" in result.stdout
     assert "64 KiB" in result.stdout
+    assert "hosts: 1" in result.stdout
+    assert "interfaces: lo 127.0.0.1" in result.stdout
 
 
 def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
@@ -114,6 +116,12 @@ def test_json_report_from_rank_0() -> None:
     assert report["control_plane"].startswith("tcp socket mesh")
     assert [s["nbytes"] for s in report["bandwidth"]] == [4096]
     assert report["bandwidth"][0]["algbw_mbps"] > 0
+    # one host: both ranks on it, its interfaces, no link between hosts, nothing to warn about
+    (host,) = report["hosts"]
+    assert host["ranks"] == [0, 1]
+    assert ["lo", "127.0.0.1"] in host["interfaces"]
+    assert [site["rank"] for site in report["sites"]] == [0, 1]
+    assert (report["links"], report["warnings"]) == ([], [])
 
 
 # --- the checker catches wrong answers: the real collectives with one op swapped ----------------

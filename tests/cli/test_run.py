@@ -272,10 +272,31 @@ def test_unmodified_horovod_script_runs_through_the_shim(tmp_path):
 
 
 def test_flags_without_effect_are_accepted_with_a_warning():
-    config = parse(["--mpi", "--hierarchical-allreduce", "python", "x.py"])
-    assert any("--mpi accepted" in note for note in config.notes)
-    assert any("--hierarchical-allreduce accepted" in note for note in config.notes)
+    config = parse(["--mpi", "--hierarchical-allreduce", "--torus-allreduce", "python", "x.py"])
+    assert any(note.startswith("--mpi: ringtrain has no MPI mode") and "mpirun -np N" in note
+               for note in config.notes)
+    assert any("--torus-allreduce accepted" in note for note in config.notes)
+    # hierarchical allreduce is implemented: no warning
+    assert not any("hierarchical" in note for note in config.notes)
     assert parse(["--gloo", "python", "x.py"]).notes == ()
+
+
+def test_autotune_flags_warn_once_and_share_one_help_entry():
+    config = parse(["--autotune", "--autotune-warmup-samples", "3", "--autotune-log-file", "t.csv",
+                    "python", "x.py"])
+    autotune = [note for note in config.notes if "autotune" in note]
+    assert autotune == ["--autotune, --autotune-log-file, --autotune-warmup-samples: accepted and ignored; "
+                        "ringtrain does not autotune. Set --fusion-threshold-mb, --cycle-time-ms or "
+                        "RINGTRAIN_BUCKET_CAP_MB yourself (docs/horovod-conformance.md)."]
+    assert config.worker_env["HOROVOD_AUTOTUNE"] == "1"  # still passed on, as horovodrun does
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, environ={})
+    shown = [a for a in parser._actions if any(o.startswith("--autotune") for o in a.option_strings)
+             and a.help != argparse.SUPPRESS]
+    assert [a.option_strings[0] for a in shown] == ["--autotune"]
+    for flag in ("--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
+                 "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise"):
+        assert flag in shown[0].help
 
 
 #: The public flags of ``ringtrain run`` (dashed spellings); changing this set is a deliberate act.
@@ -293,7 +314,8 @@ PUBLIC_FLAGS = {
     "--gloo-timeout-seconds", "--num-nccl-streams", "--thread-affinity", "--mpi-threads-disable",
     "--log-without-timestamp", "--tcp", "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend",
     "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
-    "--no-horovod-shim",
+    "--no-horovod-shim", "-x", "--export", "-m", "--module", "--no-python", "--run-path", "--log-dir",
+    "--redirects", "--tee", "--local-addr", "--rdzv-conf",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}
@@ -314,7 +336,8 @@ def test_help_shows_no_internal_flag(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--help"])
     assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    # argparse wraps help text at hyphens: a flag named in a help text may be split over two lines.
+    text = re.sub(r"-\n\s+", "-", capsys.readouterr().out)
     shown = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text)) - {"-h", "--help"}
     assert not shown & FORMER_INTERNAL_FLAGS
     # every flag the help names is public ("--no-<x>" of the on/off tuning flags is not shown at all)

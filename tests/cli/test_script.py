@@ -1,15 +1,25 @@
-"""``ringtrain script slurm|pbs``: the job script's structure, options, and bad input (exit 2)."""
+"""``ringtrain script slurm|pbs|lsf``: the job script's structure, options, and bad input (exit 2).
+
+The scripts themselves run under a real Slurm in tests/integration (``sbatch --test-only`` for every
+variant written here, ``sbatch --wait`` on one and two nodes); PBS and LSF are not packaged, so their
+scripts are run here with the variables and host files those schedulers document.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ringtrain.cli.main import main
-from ringtrain.launch.scripts import JobScript, render
+from ringtrain.launch.scripts import JobScript, parse_walltime, render
+
+REPORT_ENV = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "report_env.py"
 
 
 def _script(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
@@ -24,19 +34,35 @@ def _launch(lines: list[str]) -> list[str]:
     return shlex.split(line)
 
 
+def _directives(lines: list[str], prefix: str) -> list[str]:
+    return [line for line in lines if line.startswith(prefix)]
+
+
+MASTER_FLAGS = ["--master-addr", "$MASTER_ADDR", "--master-port", "$MASTER_PORT"]
+
+
 def test_slurm_script(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "slurm", "--nodes", "2", "--procs-per-node", "4", "--time", "01:30:00",
                     "--partition", "gpu", "--job-name", "mnist", "--account", "proj7", "--python",
                     "/opt/py/bin/python", "--", "python", "train.py", "--epochs", "5", "--name", "a b")
     assert lines[0] == "#!/bin/bash"
-    directives = [line for line in lines if line.startswith("#SBATCH")]
-    assert directives == ["#SBATCH --job-name=mnist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
-                          "#SBATCH --cpus-per-task=4", "#SBATCH --time=01:30:00", "#SBATCH --partition=gpu",
-                          "#SBATCH --account=proj7", "#SBATCH --output=ringtrain-%j.out"]
-    assert "set -euo pipefail" in lines
-    assert _launch(lines) == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/opt/py/bin/python",
-                              "-m", "ringtrain", "run", "--nproc-per-node", "4", "python", "train.py",
-                              "--epochs", "5", "--name", "a b"]
+    assert _directives(lines, "#SBATCH") == [
+        "#SBATCH --job-name=mnist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=4", "#SBATCH --time=01:30:00", "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj7", "#SBATCH --output=ringtrain-%j.out"]
+    assert "set -eo pipefail" in lines
+    assert "set -u" in lines
+    # srun is given the task's CPUs itself: Slurm 22.05+ does not pass --cpus-per-task on to srun.
+    assert _launch(lines) == ["srun", "--ntasks-per-node=1", "--cpus-per-task=$SLURM_CPUS_PER_TASK",
+                              "--kill-on-bad-exit=1", "/opt/py/bin/python", "-m", "ringtrain", "run",
+                              "--nproc-per-node", "4", *MASTER_FLAGS, "python", "train.py", "--epochs", "5",
+                              "--name", "a b"]
+
+
+def test_slurm_head_node_and_port_come_from_the_job(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _script(capsys, "slurm", "-N", "2", "--nproc-per-node", "1", "--", "python3", "x.py")
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)' in lines
+    assert "export MASTER_PORT=$((15000 + SLURM_JOB_ID % 10000))" in lines
 
 
 def test_slurm_gpus_cpus_and_setup_lines(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,38 +71,114 @@ def test_slurm_gpus_cpus_and_setup_lines(capsys: pytest.CaptureFixture[str]) -> 
                     "--", "python", "x.py")
     assert "#SBATCH --gpus-per-node=2" in lines
     assert "#SBATCH --cpus-per-task=6" in lines
-    setup = lines.index("set -euo pipefail")
-    assert lines[setup + 1:setup + 3] == [". '/opt/my env'/bin/activate", "module load cuda"]
-    assert _launch(lines)[3] == "python"  # the venv's interpreter
+    assert "export OMP_NUM_THREADS=3  # --cpus-per-proc cores for each rank" in lines
+    setup = lines.index("set -eo pipefail")
+    assert lines[setup + 1:setup + 4] == [". '/opt/my env'/bin/activate", "module load cuda", "set -u"]
+    launch = _launch(lines)
+    assert "--gpu-bind=none" in launch  # the node's one task keeps all its GPUs
+    assert launch[launch.index("-m") - 1] == "python3"  # the venv's interpreter, found on its PATH
 
 
-def test_default_interpreter_is_the_current_one(capsys: pytest.CaptureFixture[str]) -> None:
+def test_slurm_time_qos_and_mail(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _script(capsys, "slurm", "-N", "1", "--nproc-per-node", "1", "-t", "50:00:00", "-q", "long",
+                    "--mail-user", "me@example.org", "--mail-type", "begin,fail", "--", "x")
+    directives = _directives(lines, "#SBATCH")
+    assert "#SBATCH --time=2-02:00:00" in directives
+    assert "#SBATCH --qos=long" in directives
+    assert "#SBATCH --mail-user=me@example.org" in directives
+    assert "#SBATCH --mail-type=BEGIN,FAIL" in directives
+
+
+def test_default_interpreter_is_python3_of_the_job_never_this_machines_path(
+        capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "slurm", "-N", "1", "--procs-per-node", "1", "--", "python", "x.py")
-    assert _launch(lines)[3] == sys.executable
+    launch = _launch(lines)
+    assert launch[launch.index("-m") - 1] == "python3"
+    assert sys.executable not in "\n".join(lines)
+    assert "if ! python3 -c 'import ringtrain' 2>/dev/null; then" in lines
 
 
 def test_pbs_script(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "pbs", "--nodes", "3", "--procs-per-node", "2", "--time", "02:00:00",
-                    "--queue", "workq", "--account", "proj7", "--gpus-per-node", "2", "--python", "python3",
-                    "--", "python", "train.py")
-    directives = [line for line in lines if line.startswith("#PBS")]
-    assert directives == ["#PBS -N ringtrain", "#PBS -l select=3:ncpus=2:mpiprocs=2:ngpus=2",
-                          "#PBS -l walltime=02:00:00", "#PBS -q workq", "#PBS -A proj7", "#PBS -j oe"]
+                    "-q", "workq", "--account", "proj7", "--gpus-per-node", "2", "--python", "python3",
+                    "--mail-user", "me@example.org", "--", "python", "train.py")
+    assert _directives(lines, "#PBS") == [
+        "#PBS -N ringtrain", "#PBS -l select=3:ncpus=2:mpiprocs=2:ngpus=2", "#PBS -l place=scatter",
+        "#PBS -l walltime=02:00:00", "#PBS -q workq", "#PBS -A proj7", "#PBS -M me@example.org", "#PBS -m ea",
+        "#PBS -j oe"]
     assert 'cd "$PBS_O_WORKDIR"' in lines
-    assert _launch(lines) == ["python3", "-m", "ringtrain", "run", "-np", "6", "python", "train.py"]
+    assert 'MASTER_ADDR=$(sed -n 1p "$PBS_NODEFILE")' in lines
+    assert _launch(lines) == ["python3", "-m", "ringtrain", "run", "--nproc-per-node", "2", *MASTER_FLAGS,
+                              "python", "train.py"]
 
 
 def test_pbs_torque_syntax(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "pbs", "-N", "2", "--procs-per-node", "8", "--pbs-resources", "nodes",
-                    "--", "python", "t.py")
-    assert "#PBS -l nodes=2:ppn=8" in lines
+                    "--cpus-per-proc", "2", "--", "python", "t.py")
+    assert "#PBS -l nodes=2:ppn=16" in lines
+    assert "#PBS -l place=scatter" not in lines  # Torque has no place=
 
 
-@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_lsf_script(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _script(capsys, "lsf", "-N", "2", "--nproc-per-node", "4", "--cpus-per-proc", "2", "-t",
+                    "01:00:30", "-q", "normal", "-P", "proj7", "--gpus-per-node", "4", "--mail-type", "all",
+                    "--", "python3", "t.py")
+    assert _directives(lines, "#BSUB") == [
+        "#BSUB -J ringtrain", "#BSUB -n 16", '#BSUB -R "span[ptile=8]"', '#BSUB -gpu "num=4"',
+        "#BSUB -W 01:01", "#BSUB -q normal", "#BSUB -P proj7", "#BSUB -B", "#BSUB -N",
+        "#BSUB -o ringtrain-%J.out"]
+    assert 'MASTER_ADDR=$(sed -n 1p "$LSB_DJOB_HOSTFILE")' in lines
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("01:30:00", 5400), ("0:00:01", 1), ("48:00:00", 172800),
+                                               ("100:59:59", 363599)])
+def test_walltime_is_hh_mm_ss(text: str, seconds: int) -> None:
+    assert parse_walltime(text) == seconds
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "lsf"])
 def test_scripts_are_valid_bash(scheduler: str) -> None:
     text = render(JobScript(scheduler=scheduler, nodes=2, procs_per_node=2, command=("python", "it's.py"),
-                            setup=("module load x",)))
+                            setup=("module load x",), time="01:00:00", gpus_per_node=1, cpus_per_proc=2))
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def _run_script(text: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    bin_dir = Path(sys.executable).parent
+    full = {**os.environ, **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("scheduler", ["pbs", "lsf"])
+def test_pbs_and_lsf_scripts_run_inside_their_documented_environment(scheduler: str, tmp_path: Path) -> None:
+    """No PBS or LSF here: the script runs as the scheduler would run it on the first host of a one-node
+    job (its job id, host file and working folder set as documented), and starts its ranks."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost\n" * 4)  # the job holds 4 slots of one host; the script runs 2 ranks
+    out = tmp_path / "out"
+    out.mkdir()
+    env = ({"PBS_JOBID": "8812.pbs01", "PBS_NODEFILE": str(hostfile), "PBS_O_WORKDIR": str(tmp_path)}
+           if scheduler == "pbs" else {"LSB_JOBID": "4711", "LSB_DJOB_HOSTFILE": str(hostfile)})
+    text = render(JobScript(scheduler=scheduler, nodes=1, procs_per_node=2,
+                            command=("python3", str(REPORT_ENV), str(out))))
+    result = _run_script(text, tmp_path, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert sorted(ranks) == [0, 1]
+    # node 0 is the host file's first host, the port 15000 + the last four digits of the job number
+    port = "23812" if scheduler == "pbs" else "19711"
+    assert {(env["MASTER_ADDR"], env["MASTER_PORT"]) for env in ranks.values()} == {("localhost", port)}
+
+
+def test_a_script_whose_python_lacks_ringtrain_says_so(tmp_path: Path) -> None:
+    text = render(JobScript(scheduler="pbs", nodes=1, procs_per_node=1, command=("x",), python="/bin/false"))
+    result = _run_script(text, tmp_path, {"PBS_JOBID": "1", "PBS_NODEFILE": "/dev/null",
+                                          "PBS_O_WORKDIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert "job: /bin/false (/bin/false) cannot import ringtrain" in result.stderr
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -85,9 +187,25 @@ def test_scripts_are_valid_bash(scheduler: str) -> None:
     (["pbs", "--nodes", "1", "--procs-per-node", "1"], "no command to run"),
     (["pbs", "--nodes", "1", "--procs-per-node", "1", "--"], "no command to run"),
     (["slurm", "-N", "1", "--procs-per-node", "1", "--time", "90 minutes", "--", "x"], "'90 minutes'"),
+    (["slurm", "-N", "1", "--procs-per-node", "1", "--time", "1:99", "--", "x"],
+     "--time '1:99' is not a wall time in HH:MM:SS"),
+    (["pbs", "-N", "1", "--procs-per-node", "1", "--time", "90", "--", "x"],
+     "--time '90' is not a wall time"),
+    (["lsf", "-N", "1", "--procs-per-node", "1", "--time", "00:00:00", "--", "x"], "more than zero"),
     (["slurm", "-N", "1", "--procs-per-node", "1", "--job-name", "a b", "--", "x"], "--job-name 'a b'"),
     (["slurm", "-N", "1", "--procs-per-node", "1", "--gpus-per-node", "-1", "--", "x"], "--gpus-per-node -1"),
     (["slurm", "-N", "1", "--procs-per-node", "1", "--setup", "a\nb", "--", "x"], "spans several lines"),
+    (["slurm", "-N", "1", "--nproc-per-node", "1", "--queue", "gpu", "--", "x"],
+     "--queue 'gpu': Slurm calls its queues partitions. HINT: use --partition gpu"),
+    (["pbs", "-N", "1", "--nproc-per-node", "1", "--partition", "gpu", "--", "x"],
+     "--partition 'gpu': PBS has queues, not partitions. HINT: use --queue gpu"),
+    (["pbs", "-N", "1", "--nproc-per-node", "1", "--qos", "high", "--", "x"], "PBS has no QOS"),
+    (["lsf", "-N", "1", "--nproc-per-node", "1", "-p", "gpu", "--", "x"], "LSF has queues, not partitions"),
+    (["slurm", "-N", "1", "--nproc-per-node", "1", "-P", "proj", "--", "x"], "HINT: use --account proj"),
+    (["slurm", "-N", "1", "--nproc-per-node", "1", "--mail-type", "sometimes", "--", "x"],
+     "'sometimes' is not one of begin, end, fail, all"),
+    (["slurm", "-N", "1", "--nproc-per-node", "1", "--partition", "gpu;rm -rf", "--", "x"],
+     "--partition 'gpu;rm -rf' holds characters"),
 ])
 def test_bad_input_exits_2_with_a_hint(argv: list[str], message: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,12 +217,26 @@ def test_bad_input_exits_2_with_a_hint(argv: list[str], message: str,
     assert "HINT:" in captured.err
 
 
-@pytest.mark.parametrize("argv", [
-    ["lsf", "--nodes", "1", "--procs-per-node", "1", "--", "x"],
-    ["slurm", "--procs-per-node", "1", "--", "x"],
-    ["slurm", "--nodes", "two", "--procs-per-node", "1", "--", "x"],
-    [],
+@pytest.mark.parametrize(("argv", "message"), [
+    (["slurm", "-N", "1", "--procs-per-node", "1", "--bogus", "3", "--", "x"],
+     "unrecognized arguments: --bogus"),
+    (["pbs", "-N", "1", "--procs-per-node", "1", "--pbs-resources", "torque", "--", "x"], "invalid choice"),
+    (["slurm", "-N", "1", "--procs-per-node", "1", "--pbs-resources", "nodes", "--", "x"], "unrecognized"),
+    (["slurm", "--procs-per-node", "1", "--", "x"], "required: --nodes"),
+    (["slurm", "--nodes", "two", "--procs-per-node", "1", "--", "x"], "invalid int value: 'two'"),
 ])
+def test_unknown_options_exit_2_with_a_hint(argv: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["script", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"ringtrain script {argv[0]}: error: " in err
+    assert message in err
+    assert f"HINT: `ringtrain script {argv[0]} --help` lists the options." in err
+
+
+@pytest.mark.parametrize("argv", [["sge", "--nodes", "1", "--procs-per-node", "1", "--", "x"], []])
 def test_parser_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["script", *argv])

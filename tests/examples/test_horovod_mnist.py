@@ -56,3 +56,12 @@ def test_smoke_horovod_run_api(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, explain(result)
     assert _accuracy(result.stdout) > 60.0, explain(result)
+
+
+def test_smoke_adasum_under_ringtrain_run():
+    # --use-adasum: the delta optimizer combines each rank's update with Adasum (no LR scaling on CPU)
+    result = run_example("horovod_mnist.py", ["--data-dir", str(MNIST), "--epochs", "1", "--train-samples",
+                                              "6000", "--use-adasum", "--lr", "0.03", "--momentum", "0.9"],
+                         launcher="ringtrain", timeout=300)
+    assert result.returncode == 0, explain(result)
+    assert _accuracy(result.stdout) > 60.0, explain(result)

@@ -1,11 +1,12 @@
 """A minimal ringtrain job for scheduler tests: each rank allreduces its rank and prints what it saw.
 
 Run under a launcher (``srun``, ``mpirun``, ``ringtrain run``); prints one line per rank:
-``rank R of N local L env E sum S`` where S must be 0+1+...+(N-1).
+``rank R of N local L env E sum S host H`` where S must be 0+1+...+(N-1) and H is the rank's host name.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import torch
@@ -23,7 +24,7 @@ def main() -> int:
     # One write per line: print() writes the text and the newline separately, and the launcher's
     # forwarding can interleave another rank's line in between.
     line = f"rank {hvd.rank()} of {hvd.size()} local {hvd.local_rank()} env {placement.environment}"
-    sys.stdout.write(f"{line} sum {int(total.item())}\n")
+    sys.stdout.write(f"{line} sum {int(total.item())} host {socket.gethostname()}\n")
     sys.stdout.flush()
     size = hvd.size()
     hvd.shutdown()

@@ -9,22 +9,27 @@ so the repo, the venv and the data are at the same paths on both hosts, as on a 
 shared home.
 
 Nothing global is edited: the host names live in ``/etc/netns/<ns>/hosts`` and the ssh client
-settings (known hosts) in ``/etc/netns/<ns>/ssh/ssh_config``, which ``ip netns exec`` bind-mounts
+settings (known hosts, the generated key as the default identity, as a cluster's ~/.ssh would have
+it) in ``/etc/netns/<ns>/ssh/ssh_config``, which ``ip netns exec`` bind-mounts
 over ``/etc/hosts`` and ``/etc/ssh`` for processes of that namespace only. Those files, the
 namespaces and the sshds are removed at teardown; a stale set from a killed session is removed at
 start-up. An sshd dies with the test session (see ``spawn_daemon``).
 
 Root logs in with a generated key (``AuthorizedKeysFile`` in the temp dir, ``StrictModes no``).
-``bandwidth`` puts a ``tc qdisc tbf`` on both ends of the link to give it a real rate.
+``bandwidth`` puts a ``tc qdisc tbf`` on both ends of the link to give it a real rate. ``delay_ms``
+gives it latency too: this kernel has no ``netem``, so the hosts are then joined by two TAP devices
+and a forwarding process that holds every frame for the delay (``delay_link.py``), not by a veth pair.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +50,9 @@ UNREACHABLE_ADDRESS = f"{SUBNET}.99"
 SILENT_ADDRESS = "10.231.1.5"
 NETNS_ETC = Path("/etc/netns")
 _OUR_NAMESPACE = re.compile(r"^rt(\d+)-host[AB]$")
+DELAY_LINK = Path(__file__).resolve().with_name("delay_link.py")
+#: MTU of the TAP link: large frames keep the forwarder's per-frame cost low.
+DELAY_LINK_MTU = 64000
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,11 @@ class Host:
 class NamespaceHosts:
     """``hostA`` and ``hostB`` with sshd on port 22; commands run inside via :meth:`command`."""
 
-    def __init__(self, root: Path, bandwidth: str | None = None) -> None:
+    def __init__(self, root: Path, bandwidth: str | None = None, delay_ms: float | None = None) -> None:
         self.root = root
         self.bandwidth = bandwidth
+        self.delay_ms = delay_ms
+        self._forwarder: subprocess.Popen[bytes] | None = None
         tag = f"rt{os.getpid()}"
         self.hosts = {name: Host(name, f"{tag}-{name}", f"{tag}-v{name[-1]}", f"{SUBNET}.{i}")
                       for i, name in enumerate(("hostA", "hostB"), start=1)}
@@ -80,6 +90,21 @@ class NamespaceHosts:
         h = self.hosts[host]
         return ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c",
                 f'hostname {h.name} && exec "$@"', "sh", *argv]
+
+    def daemon_command(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` on ``host`` like :meth:`command`, but with this machine's ``/sys`` left in place.
+
+        ``ip netns exec`` mounts a fresh sysfs, which hides ``/sys/fs/cgroup``: slurmd refuses to start
+        without it. Here the network namespace is entered with ``nsenter`` and the name files of
+        ``/etc/netns/<ns>/`` are bind-mounted over ``/etc`` in a private mount namespace, as ``ip netns
+        exec`` does, so the process resolves and ssh-es exactly as one started by :meth:`command`.
+        """
+        h = self.hosts[host]
+        etc = NETNS_ETC / h.namespace
+        script = (f'for f in {etc}/*; do mount --bind "$f" "/etc/${{f##*/}}" || exit 1; done; '
+                  f'hostname {h.name} && exec "$@"')
+        return ["nsenter", f"--net=/run/netns/{h.namespace}", "unshare", "--mount", "--uts", "sh", "-c",
+                script, "sh", *argv]
 
     def run(self, host: str, argv: list[str], timeout: float = 300.0,
             env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -109,12 +134,17 @@ class NamespaceHosts:
                         "-f", str(self.key)], check=True)
         (self.root / "authorized_keys").write_text(self.key.with_suffix(".pub").read_text())
         a, b = self.hosts["hostA"], self.hosts["hostB"]
-        _ip("link", "add", a.interface, "type", "veth", "peer", "name", b.interface)
+        if self.delay_ms is None:
+            _ip("link", "add", a.interface, "type", "veth", "peer", "name", b.interface)
+        else:
+            self._start_forwarder(a, b)
         known_hosts = []
         for host in (a, b):
             _ip("netns", "add", host.namespace)
             _ip("link", "set", host.interface, "netns", host.namespace)
             _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
+            if self.delay_ms is not None:
+                _ip("-n", host.namespace, "link", "set", host.interface, "mtu", str(DELAY_LINK_MTU))
             _ip("-n", host.namespace, "link", "set", "lo", "up")
             _ip("-n", host.namespace, "link", "set", host.interface, "up")
             if self.bandwidth:
@@ -139,6 +169,27 @@ class NamespaceHosts:
             wait_for(lambda s=src, d=dst: self._ssh_ok(s, d), 30, f"ssh from {src} to {dst}",
                      logs=[self.root / f"sshd_{h}.log" for h in self.hosts])
 
+    def _start_forwarder(self, a: Host, b: Host) -> None:
+        """Start the delaying forwarder; it creates both TAP devices (moved into the hosts after)."""
+        log = self.root / "delay_link.log"
+        log.write_text("")
+        self._forwarder = spawn_daemon([sys.executable, str(DELAY_LINK), "--tap-a", a.interface, "--tap-b",
+                                        b.interface, "--delay-ms", f"{self.delay_ms:g}"], log)
+        self._procs.append(self._forwarder)
+        wait_for(lambda: "ready" in log.read_text() or self._forwarder.poll() is not None, 30,
+                 "the delay forwarder to create its TAP devices", logs=[log])
+        if self._forwarder.poll() is not None:
+            raise RuntimeError(f"the delay forwarder exited with {self._forwarder.returncode}: "
+                               f"{log.read_text().strip()}")
+
+    def forwarder_stats(self) -> dict[str, object] | None:
+        """Frames, bytes and CPU seconds of the delay forwarder (after ``stop``; None without delay)."""
+        log = self.root / "delay_link.log"
+        if self.delay_ms is None or not log.exists():
+            return None
+        lines = [line for line in log.read_text().splitlines() if line.startswith("stats ")]
+        return json.loads(lines[-1][len("stats "):]) if lines else None
+
     def _ssh_ok(self, src: str, dst: str) -> bool:
         for proc in self._procs:
             if proc.poll() is not None:
@@ -155,6 +206,7 @@ class NamespaceHosts:
         # The whole of /etc/ssh is replaced in the namespace: this is all the ssh client needs.
         (etc / "ssh" / "ssh_config").write_text(
             "Host *\n"
+            f"    IdentityFile {self.key}\n"
             f"    UserKnownHostsFile {self.root / 'known_hosts'}\n"
             "    StrictHostKeyChecking yes\n"
             "    LogLevel ERROR\n")
@@ -229,7 +281,7 @@ def _tc(namespace: str, *args: str) -> None:
         raise RuntimeError(f"tc {' '.join(args)} in {namespace} failed: {result.stderr.strip()}")
 
 
-def start_hosts(root: Path, bandwidth: str | None = None) -> NamespaceHosts:
+def start_hosts(root: Path, bandwidth: str | None = None, delay_ms: float | None = None) -> NamespaceHosts:
     """Started hosts, or a pytest skip naming what is missing."""
     skip_unless_root("network namespaces")
     skip_unless_commands("ip", "tc", "sshd", "ssh", "ssh-keygen", "unshare")
@@ -240,7 +292,7 @@ def start_hosts(root: Path, bandwidth: str | None = None) -> NamespaceHosts:
 
         pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", probe_name], capture_output=True)
-    hosts = NamespaceHosts(root, bandwidth)
+    hosts = NamespaceHosts(root, bandwidth, delay_ms)
     try:
         hosts.start()
     except BaseException:

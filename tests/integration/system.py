@@ -50,6 +50,14 @@ def ringtrain_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "ringtrain", *args]
 
 
+def script_interpreter_flags() -> list[str]:
+    """``ringtrain script`` flags that make a job find this ringtrain: the venv to activate (how a user
+    would say it), or this interpreter where the tests run outside a venv."""
+    if sys.prefix != sys.base_prefix:
+        return ["--venv", sys.prefix]
+    return ["--python", sys.executable]
+
+
 def ringtrain_has_command(name: str) -> bool:
     """True when ``ringtrain NAME`` is a registered subcommand (others may land it later)."""
     from ringtrain.cli.main import COMMANDS

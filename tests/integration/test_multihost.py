@@ -6,6 +6,7 @@ The launcher runs on hostA; rank 1 lives on hostB behind sshd, across a 1 Gbit/s
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import ringtrain
 from tests.integration.netns import NamespaceHosts
 from tests.integration.system import (
     ROOT,
@@ -127,3 +129,30 @@ def test_check_passes_across_two_hosts(hosts: NamespaceHosts) -> None:
     assert "hello from rank 0 of 2 (host hostA, local rank 0, device cpu)" in output
     assert "hello from rank 1 of 2 (host hostB, local rank 0, device cpu)" in output
     assert "all checks passed on 2 rank(s)" in output
+    # Across hosts: each host's interfaces, where each rank is reached, the link between the hosts.
+    a, b = hosts.hosts["hostA"], hosts.hosts["hostB"]
+    assert "hosts: 2" in output
+    assert re.search(r"hostA: ranks 0; ringtrain \S+, torch \S+, python \S+\n", output), output
+    assert re.search(r"hostB: ranks 1; .*, clock [+-]\d\.\d+ s vs hostA", output), output
+    assert f"interfaces: lo 127.0.0.1, {a.interface} {a.address}" in output
+    assert f"interfaces: lo 127.0.0.1, {b.interface} {b.address}" in output
+    assert f"rank 0 (hostA): {a.address}" in output
+    assert f"rank 1 (hostB): {b.address}" in output
+    link = re.search(r"hostA <-> hostB\s+([\d.]+) MB/s", output)
+    assert link is not None, output
+    assert 0 < float(link.group(1)) < 1000 / 8 * 1.2  # the link is shaped to 1 Gbit/s (125 MB/s)
+    assert "WARNING" not in output  # one machine: same versions, same clock
+
+
+def test_check_warns_when_the_hosts_run_different_versions(hosts: NamespaceHosts) -> None:
+    # The same install is on both hosts here (a shared file system), so rank 1 on hostB pretends.
+    pretend = ("import os, sys, ringtrain; from ringtrain.cli.main import main\n"
+               "if os.environ['RANK'] == '1':\n    ringtrain.__version__ = '9.9.9'\n"
+               "sys.exit(main(['check', '--no-bandwidth']))")
+    result = hosts.run("hostA", _run_argv(hosts, "hostA:1,hostB:1", "python", "-c", pretend), timeout=300,
+                       cwd=ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output  # a warning, not a failed check
+    assert (f"WARNING: ringtrain versions differ between ranks: {ringtrain.__version__} on hostA (rank 0); "
+            "9.9.9 on hostB (rank 1).") in output
+    assert "HINT: install the same version on every host" in output

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.slurm import SlurmCluster
-from tests.integration.system import ringtrain_argv, ringtrain_has_command, skip_unless_collectives
+from tests.integration.system import (
+    ringtrain_argv,
+    ringtrain_has_command,
+    script_interpreter_flags,
+    skip_unless_collectives,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +40,8 @@ def test_generated_slurm_script_runs_with_sbatch(slurm_cluster: SlurmCluster, tm
         pytest.skip("`ringtrain script` is not registered yet (ringtrain.cli.script)")
     skip_unless_collectives()
     generated = slurm_cluster.run(
-        ringtrain_argv("script", "slurm", "--nodes", "1", "--procs-per-node", "2", "--",
-                       sys.executable, str(SCRIPT)), timeout=60)
+        ringtrain_argv("script", "slurm", "--nodes", "1", "--procs-per-node", "2",
+                       *script_interpreter_flags(), "--", sys.executable, str(SCRIPT)), timeout=60)
     assert generated.returncode == 0, generated.stderr
     job = tmp_path / "job.sh"
     job.write_text(generated.stdout)
@@ -75,3 +80,28 @@ def test_a_batch_job_over_nodes_relaunches_through_srun_with_the_config(slurm_cl
         assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"]) == (str(rank), "2")
         assert env["HOROVOD_LOCAL_RANK"] == str(rank)
         assert env["HOROVOD_CYCLE_TIME"] == "3"  # the config's tuning reached the workers through the hop
+
+
+#: Job scripts the tests write, each to pass ``sbatch --test-only`` (Slurm's own check of a script).
+SCRIPT_VARIANTS = [
+    [],
+    ["--time", "01:30:00", "--partition", "test", "--job-name", "variant", "--output", "v-%j.log"],
+    ["--time", "30:00:00", "--qos", "normal", "--account", "proj7", "--mail-user", "me@example.org",
+     "--mail-type", "all"],
+    ["--cpus-per-proc", "2", "--setup", "echo set up", "--venv", "/opt/some venv"],
+    ["--gpus-per-node", "2", "--python", "/usr/bin/python3", "--mail-type", "fail"],
+]
+
+
+@pytest.mark.parametrize("flags", SCRIPT_VARIANTS, ids=lambda flags: " ".join(flags[:2]) or "defaults")
+def test_every_generated_script_passes_sbatch_test_only(slurm_cluster: SlurmCluster, flags: list[str],
+                                                         tmp_path: Path) -> None:
+    argv = ringtrain_argv("script", "slurm", "-N", "1", "--nproc-per-node", "2", *flags, "--", "python3",
+                          "train.py")
+    generated = slurm_cluster.run(argv, timeout=60)
+    assert generated.returncode == 0, generated.stderr
+    job = tmp_path / "job.sh"
+    job.write_text(generated.stdout)
+    result = slurm_cluster.run(["sbatch", "--test-only", str(job)], timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, f"{result.stderr}\n--- job.sh:\n{generated.stdout}"
+    assert f"on nodes {slurm_cluster.host}" in result.stderr

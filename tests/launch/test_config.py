@@ -38,6 +38,13 @@ EVERYTHING = LaunchConfig(
     master_port=29500,
     horovod_shim=False,
     tuning={"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": "1048576"},
+    exports={"NCCL_DEBUG": "INFO", "WANDB_API_KEY": None},
+    no_python=True,
+    log_dir="/logs",
+    redirects="0:3,1:2",
+    tee="1",
+    local_addr="10.0.0.7",
+    rdzv_conf={"timeout": "60", "read_timeout": "30"},
     driver=DriverLink(node_slots=(4, 2), node_hosts=("node1", "node2")),
     notes=("--mpi accepted",),
 )
@@ -84,6 +91,7 @@ def test_worker_env_from_the_config_alone():
         "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": "1048576",
         "GLOO_SOCKET_IFNAME": "eth0,ib0", "NCCL_SOCKET_IFNAME": "eth0,ib0", "HOROVOD_GLOO_IFACE": "eth0",
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_START_TIMEOUT": "12.5",
+        "NCCL_DEBUG": "INFO", "RINGTRAIN_WORKER_NO_PYTHON": "1",  # -x with a value, --no-python
     }
     assert LaunchConfig(command=("x",)).worker_env == {"HOROVOD_START_TIMEOUT": "30"}
 
@@ -146,3 +154,15 @@ def test_table_lists_every_field():
         assert f"  {f.name} " in table
     assert "node1:4,node2:2" in table
     assert "HOROVOD_CYCLE_TIME=2.5 HOROVOD_FUSION_THRESHOLD=1048576" in table
+
+
+def test_x_variables_reach_the_workers_and_a_bare_name_takes_the_launcher_value():
+    config = LaunchConfig(command=("x",), exports={"GIVEN": "1", "FROM_HERE": None})
+    env = worker_environment(config, {"FROM_HERE": "here"}, nproc=1, local_only=True)
+    assert (env["GIVEN"], env["FROM_HERE"]) == ("1", "here")
+
+
+def test_no_python_is_told_to_the_workers_under_a_name_that_is_no_flag_variable():
+    env = LaunchConfig(command=("x",), no_python=True).worker_env
+    assert env[config_module.NO_PYTHON_VARIABLE] == "1"
+    assert config_module.NO_PYTHON_VARIABLE != "RINGTRAIN_NO_PYTHON"  # `ringtrain run --no-python`'s own

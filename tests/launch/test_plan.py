@@ -88,3 +88,36 @@ def test_torchrun_node_flags():
     assert (plan.nproc, plan.node_rank, plan.rdzv_backend, plan.rdzv_endpoint) == (3, 1, "static", "h0:29400")
     elastic = resolve_plan(config("--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h0:1"), {})
     assert (elastic.min_nodes, elastic.max_nodes, elastic.rdzv_backend) == (1, 4, "c10d")
+
+
+def test_nodes_started_by_hand_share_one_run_id():
+    """Without --rdzv-id every node must name the rendezvous alike, or they never meet."""
+    plans = [resolve_plan(config("--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.0.0.1"), {})
+             for rank in (0, 1)]
+    assert plans[0].run_id == plans[1].run_id
+    named = resolve_plan(config("--nnodes", "2", "--master-addr", "h", "--rdzv-id", "job7"), {})
+    assert named.run_id == "job7"
+
+
+def test_lsf_hostfile_gives_hosts(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1\nn1\nn2\nn2\n")
+    plan = resolve_plan(config(), {"LSB_JOBID": "4711", "LSB_DJOB_HOSTFILE": str(hostfile)})
+    assert plan == HostsPlan((HostSlots("n1", 2), HostSlots("n2", 2)), 4, "LSB_DJOB_HOSTFILE")
+
+
+def test_nproc_per_node_wins_over_the_slots_of_a_host_file(tmp_path):
+    """A job holding 8 cores per node for 2 ranks of 4 threads each: the host file lists 8 slots."""
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n1\n" * 8 + "n2\n" * 8)
+    plan = resolve_plan(config("--nproc-per-node", "2"), {"PBS_JOBID": "1.s", "PBS_NODEFILE": str(nodefile)})
+    assert plan == HostsPlan((HostSlots("n1", 2), HostSlots("n2", 2)), 4, "PBS_NODEFILE")
+
+
+def test_a_broken_host_file_is_a_usage_error_naming_it(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n1 slots=x\n")
+    with pytest.raises(UsageError, match="PBS_NODEFILE: .*slots='x'.*HINT"):
+        resolve_plan(config(), {"PBS_JOBID": "1.s", "PBS_NODEFILE": str(nodefile)})
+    with pytest.raises(UsageError, match="PBS_NODEFILE: cannot read the node file"):
+        resolve_plan(config(), {"PBS_JOBID": "1.s", "PBS_NODEFILE": str(tmp_path / "missing")})

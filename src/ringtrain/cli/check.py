@@ -1,5 +1,7 @@
 """``ringtrain check``: is this job wired correctly? Hello from every rank, every collective checked,
-allreduce bandwidth measured. Runs under any launcher, or alone as a world of one.
+allreduce bandwidth measured, and across hosts: each host's interfaces, the address each rank is reached
+on, the bandwidth of each link between hosts, and clocks or versions that differ (a warning). Runs under
+any launcher, or alone as a world of one.
 
 Exit code 0 when every check passed on every rank, 1 when any failed, 3 when the job hung past
 ``--timeout`` (a rank that never arrives is the most common way distributed jobs go wrong).
@@ -25,8 +27,10 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "check", help="check that every rank can talk to every other and the collectives are correct",
         description="Print a hello from every rank, check each collective (allreduce with every op, "
-                    "allgather, broadcast, alltoall, reducescatter, barrier) for a correct result and "
-                    "measure allreduce bandwidth. Run it under your launcher: "
+                    "allgather, broadcast, alltoall, reducescatter, barrier) for a correct result, "
+                    "measure allreduce bandwidth, and report every host: its interfaces, the address each "
+                    "rank is reached on, the bandwidth between each pair of hosts (the largest --sizes "
+                    "entry), and clocks or ringtrain/torch versions that differ. Run it under your launcher: "
                     "`ringtrain run -np 2 ringtrain check`, `srun -n 2 ringtrain check`, "
                     "`mpirun -np 2 ringtrain check`, or alone.")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         hvd = checks.load_api()
         watchdog.current = "init"
         try:
-            hvd.init()
+            hvd.init(process_sets="dynamic")  # the link measurements pair up hosts in process sets
         except Exception as exc:  # noqa: BLE001 - a job that cannot start is the finding to report
             print(f"ringtrain check: rank {placement.rank}: FAIL init ({where}): {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
@@ -143,6 +147,14 @@ def run(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - reported like any other failed check
                 report.results.append(checks.CheckResult("bandwidth", False,
                                                          f"raised {type(exc).__name__}: {exc}"))
+        watchdog.current = "hosts"
+        try:
+            report.sites = checks.gather_hosts(hvd)
+            if sizes and len(report.hosts) > 1:
+                report.links = checks.measure_links(hvd, report.sites, max(sizes), args.iterations, progress)
+            report.warnings = checks.host_warnings(report.sites)
+        except Exception as exc:  # noqa: BLE001 - reported like any other failed check
+            report.results.append(checks.CheckResult("hosts", False, f"raised {type(exc).__name__}: {exc}"))
         watchdog.current = "verdict"
         total_failures = checks.count_failures_everywhere(hvd, len(report.failures))
         _print_report(report, total_failures, args.json)
@@ -177,11 +189,55 @@ def _print_report(report: Any, total_failures: int, as_json: bool) -> None:
         for s in report.bandwidth:
             lines.append(f"  {_human(s.nbytes):>10}  {s.seconds * 1e3:>9.3f}  {s.algbw_mbps:>11.1f}  "
                          f"{s.busbw_mbps:>11.1f}")
+    lines += _host_lines(report)
+    lines += [f"WARNING: {warning}" for warning in report.warnings]
     if total_failures:
         lines.append(f"FAILED: {total_failures} check(s) failed across all ranks (see the FAIL lines)")
     else:
         lines.append(f"all checks passed on {report.size} rank(s)")
     print("\n".join(lines), flush=True)
+
+
+def _host_lines(report: Any) -> list[str]:
+    """Hosts, the addresses ranks are reached on, and links between hosts (rank 0's report)."""
+    from ringtrain.checks import reached_on
+
+    hosts = report.hosts
+    if not hosts:
+        return []
+    lines = [f"hosts: {len(hosts)}"]
+    for host in hosts:
+        versions = ", ".join(f"{name} {version}" for name, version in host.versions.items())
+        clock = f", clock {host.clock_offset:+.3f} s vs {hosts[0].host}" if host is not hosts[0] else ""
+        lines.append(f"  {host.host}: ranks {_ranges(host.ranks)}; {versions}{clock}")
+        nics = ", ".join(f"{name} {address or '(no IPv4)'}" for name, address in host.interfaces)
+        lines.append(f"    interfaces: {nics or 'unknown'}")
+    if len(hosts) > 1:
+        lines.append("reached on (the address ranks of other hosts connected to):")
+        for site in report.sites:
+            addresses = reached_on(report.sites, site.rank)
+            gloo = f"; GLOO_SOCKET_IFNAME={site.gloo_ifname}" if site.gloo_ifname else ""
+            lines.append(f"  rank {site.rank} ({site.host}): "
+                         f"{', '.join(addresses) or 'unknown (no socket mesh)'}{gloo}")
+    if report.links:
+        sample = report.links[0]
+        lines.append(f"links (allreduce between one rank per host, {_human(sample.nbytes)}, median of timed "
+                     "runs):")
+        for link in report.links:
+            lines.append(f"  {link.host_a} <-> {link.host_b}  {link.mbps:10.1f} MB/s  "
+                         f"({link.seconds * 1e3:.3f} ms)")
+    return lines
+
+
+def _ranges(ranks: Any) -> str:
+    """``(0, 1, 2, 5)`` -> ``0-2,5``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and runs[-1][-1] + 1 == rank:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def _human(nbytes: int) -> str:

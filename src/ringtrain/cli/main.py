@@ -23,6 +23,8 @@ COMMANDS: tuple[str, ...] = (
     "env",
     "script",
     "shim",
+    "bench",
+    "aliases",
 )
 
 

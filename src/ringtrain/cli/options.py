@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,26 @@ class EnvFlag(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, self.const)
+
+
+class EnvAppend(argparse.Action):
+    """A repeatable option (``-x A -x B=1``); its default list comes from ``RINGTRAIN_<DEST>``, split like a
+    shell line (``RINGTRAIN_EXPORT='A B=1'``). Given on the command line, the flags replace the variable."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, environ: Mapping[str, str] | None = None,
+                 default: Any = None, help: str | None = None, **kwargs: Any) -> None:
+        environ = os.environ if environ is None else environ
+        default = shlex.split(environ[env_name(dest)]) if env_name(dest) in environ else []
+        if help and help != argparse.SUPPRESS:
+            help = f"{help} [env {env_name(dest)}]"
+        super().__init__(option_strings, dest, default=default, help=help, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = getattr(namespace, "_given_" + self.dest, False)
+        items = list(getattr(namespace, self.dest) or []) if given else []
+        setattr(namespace, "_given_" + self.dest, True)
+        setattr(namespace, self.dest, [*items, values])
 
 
 def non_negative(kind: type) -> Any:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.cli.options import EnvFlag, EnvOption, non_negative, spellings
+from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, non_negative, spellings
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
+from ringtrain.launch.worker_entry import is_python
 
 
 @dataclass(frozen=True)
@@ -41,23 +43,29 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
     TuningFlag("--cache-capacity", "cache_capacity", "HOROVOD_CACHE_CAPACITY", "int",
                "response cache entries (0 disables)"),
     TuningFlag("--hierarchical-allreduce", "hierarchical_allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE",
-               "bool", "hierarchical allreduce (accepted; no effect on gloo)"),
+               "bool", "allreduce within each host first, then across hosts (one rank per host), then "
+               "broadcast within the host"),
     TuningFlag("--hierarchical-allgather", "hierarchical_allgather", "HOROVOD_HIERARCHICAL_ALLGATHER",
-               "bool", "hierarchical allgather (accepted; no effect on gloo)"),
+               "bool", "allgather within each host first, then across hosts (one rank per host), then "
+               "broadcast within the host"),
     TuningFlag("--torus-allreduce", "torus_allreduce", "HOROVOD_TORUS_ALLREDUCE", "bool",
-               "torus allreduce (accepted; no effect on gloo)"),
-    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true", "autotune (accepted)"),
-    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str",
-               "autotune log file (accepted)"),
+               "torus allreduce (accepted; ringtrain has none)"),
+    # horovodrun's autotuner flags: accepted so that its command lines run, with one warning; listed
+    # under --autotune only (see AUTOTUNE_NOTE for why ringtrain does not tune).
+    TuningFlag("--autotune", "autotune", "HOROVOD_AUTOTUNE", "true",
+               "horovodrun's autotuner, also --autotune-log-file, --autotune-warmup-samples, "
+               "--autotune-steps-per-sample, --autotune-bayes-opt-max-samples and "
+               "--autotune-gaussian-process-noise: accepted with a warning; ringtrain does not autotune, "
+               "set --fusion-threshold-mb and --cycle-time-ms instead"),
+    TuningFlag("--autotune-log-file", "autotune_log_file", "HOROVOD_AUTOTUNE_LOG", "str", argparse.SUPPRESS),
     TuningFlag("--autotune-warmup-samples", "autotune_warmup_samples", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-               "int", "autotune warm-up samples (accepted)"),
+               "int", argparse.SUPPRESS),
     TuningFlag("--autotune-steps-per-sample", "autotune_steps_per_sample",
-               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", "autotune steps per sample (accepted)"),
+               "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", argparse.SUPPRESS),
     TuningFlag("--autotune-bayes-opt-max-samples", "autotune_bayes_opt_max_samples",
-               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", "autotune samples (accepted)"),
+               "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "int", argparse.SUPPRESS),
     TuningFlag("--autotune-gaussian-process-noise", "autotune_gaussian_process_noise",
-               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "autotune noise in [0, 1] (accepted)",
-               upper=1.0),
+               "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", argparse.SUPPRESS, upper=1.0),
     TuningFlag("--timeline-filename", "timeline_filename", "HOROVOD_TIMELINE", "str",
                "write a Chrome-trace timeline to this file"),
     TuningFlag("--timeline-mark-cycles", "timeline_mark_cycles", "HOROVOD_TIMELINE_MARK_CYCLES", "true",
@@ -75,11 +83,23 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
     TuningFlag("--thread-affinity", "thread_affinity", "HOROVOD_THREAD_AFFINITY", "str",
                "background thread affinity (accepted)"),
     TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",
-               "accepted for horovodrun compatibility"),
+               "MPI threading (accepted; ringtrain uses no MPI)"),
     TuningFlag("--log-without-timestamp", "log_without_timestamp", "HOROVOD_LOG_HIDE_TIME", "true",
-               "hide timestamps in Horovod log lines"),
+               "hide timestamps in Horovod log lines (accepted; the engine writes none of its own)"),
     TuningFlag("--tcp", "tcp", "NCCL_IB_DISABLE", "true", "use TCP only for NCCL (sets NCCL_IB_DISABLE=1)"),
 )
+
+
+#: The one warning for any --autotune* flags. Horovod's autotuner searches fusion threshold, cycle time,
+#: cache and hierarchical settings while training runs. Here DistributedOptimizer sends fixed-size
+#: buckets and the thread that waits drives the rounds, so neither knob is on the path a tuner would
+#: move, and every change would have to reach all ranks in the same round.
+AUTOTUNE_NOTE = ("{flags}: accepted and ignored; ringtrain does not autotune. Set --fusion-threshold-mb, "
+                 "--cycle-time-ms or RINGTRAIN_BUCKET_CAP_MB yourself (docs/horovod-conformance.md).")
+#: What --mpi does here: nothing, said plainly.
+MPI_NOTE = ("--mpi: ringtrain has no MPI mode; the ranks are started by ringtrain and communicate over "
+            "torch.distributed (gloo for CPU tensors, NCCL for CUDA), exactly as without --mpi. To start "
+            "them with mpirun instead, run `mpirun -np N python train.py`: hvd.init() reads MPI's ranks.")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
@@ -99,7 +119,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("-p", "--ssh-port", dest="ssh_port", type=nonneg_int, help="ssh port of the remote hosts")
     option("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE", help="ssh private key")
     flag("--gloo", dest="gloo", help="use gloo (the default; accepted for horovodrun compatibility)")
-    flag("--mpi", dest="mpi", help="accepted for horovodrun compatibility; ranks still use torch.distributed")
+    flag("--mpi", dest="mpi", help="changes nothing: ringtrain has no MPI mode, ranks talk over gloo/NCCL "
+         "either way (prints a note); to launch with mpirun, run mpirun yourself")
     option("--mpi-args", dest="mpi_args", help="accepted and ignored")
     option("--binding-args", dest="binding_args", help="accepted and ignored")
     flag("--disable-cache", dest="disable_cache", help="accepted (nothing is cached)")
@@ -113,6 +134,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     flag("-cb", "--check-build", dest="check_build", help="print what this installation supports and exit")
     option("--log-level", dest="log_level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"],
            help="HOROVOD_LOG_LEVEL of the workers")
+    parser.add_argument(*spellings("-x", "--export"), dest="export", action=EnvAppend, environ=environ,
+                        metavar="NAME[=VALUE]",
+                        help="give the workers this variable (mpirun's -x): NAME passes on the launcher's "
+                             "value, NAME=VALUE sets it (repeatable)")
     tuning = parser.add_argument_group("tuning options (set HOROVOD_* variables of the workers)")
     for spec in TUNING_FLAGS:
         names = spellings(spec.flag)
@@ -151,6 +176,27 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                     type=nonneg_int, help="port of the rendezvous store on node 0")
     tr.add_argument(*spellings("--no-horovod-shim"), dest="no_horovod_shim", action=EnvFlag, environ=environ,
                     help="do not put ringtrain's 'horovod' package on the workers' PYTHONPATH")
+    tr.add_argument(*spellings("-m", "--module"), dest="module", action=EnvFlag, environ=environ,
+                    help="run the command as a Python module, as 'python -m MODULE ARGS'")
+    tr.add_argument(*spellings("--no-python"), dest="no_python", action=EnvFlag, environ=environ,
+                    help="execute the command directly, even a .py file (not through Python)")
+    tr.add_argument(*spellings("--run-path"), dest="run_path", action=EnvFlag, environ=environ,
+                    help="run the command as a Python file (runpy.run_path), whatever its name; "
+                         "wins over --no-python")
+    tr.add_argument(*spellings("--log-dir"), dest="log_dir", action=EnvOption, environ=environ,
+                    metavar="DIR",
+                    help="keep every rank's stdout.log, stderr.log in DIR/<run id>_*/attempt_N/LOCAL_RANK/")
+    tr.add_argument(*spellings("--redirects"), dest="redirects", action=EnvOption, environ=environ,
+                    metavar="N|LOCAL_RANK:N,...",
+                    help="streams kept off the console, in the log files only (1 stdout, 2 stderr, 3 both)")
+    tr.add_argument(*spellings("--tee"), dest="tee", action=EnvOption, environ=environ,
+                    metavar="N|LOCAL_RANK:N,...",
+                    help="streams shown on the console and written to the log files (wins over --redirects)")
+    tr.add_argument(*spellings("--local-addr"), dest="local_addr", action=EnvOption, environ=environ,
+                    metavar="ADDRESS", help="this node's address for the rendezvous (c10d: node 0's becomes "
+                                            "the workers' MASTER_ADDR)")
+    tr.add_argument(*spellings("--rdzv-conf"), dest="rdzv_conf", action=EnvOption, environ=environ,
+                    metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
 
@@ -188,6 +234,83 @@ def parse_nproc_per_node(value: str) -> int:
                      "HINT: write e.g. --nproc-per-node 4.")
 
 
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Rendezvous settings that torch reads as whole numbers (seconds, or a count for keep_alive_max_attempt).
+_RDZV_WHOLE_SECONDS = frozenset({"timeout", "read_timeout", "join_timeout", "last_call_timeout",
+                                 "close_timeout", "heartbeat", "keep_alive_interval",
+                                 "keep_alive_max_attempt"})
+_STREAMS = re.compile(r"^[0-3]$|^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
+
+
+def parse_exports(items: list[str]) -> dict[str, str | None]:
+    """``-x NAME`` (None: the launcher's value) and ``-x NAME=VALUE``; the last one of a name wins."""
+    exports: dict[str, str | None] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _VARIABLE_NAME.match(name):
+            raise UsageError(f"-x {item!r} names no variable ({name!r} is not a variable name). "
+                             "HINT: write -x NAME to pass on the launcher's value or -x NAME=VALUE, "
+                             "e.g. -x NCCL_DEBUG=INFO.")
+        exports[name] = value if sep else None
+    return exports
+
+
+def parse_streams(flag: str, value: str | None) -> str | None:
+    """torchrun's stream selector: ``N`` for every local rank, or ``LOCAL_RANK:N,...``; N in 0..3."""
+    if value is None or _STREAMS.match(value.strip()):
+        return value.strip() if value else value
+    raise UsageError(f"{flag} {value!r} is not N or LOCAL_RANK:N,... with N in 0..3 (1 stdout, 2 stderr, "
+                     f"3 both). HINT: write e.g. {flag} 3, or {flag} 0:3,1:2.")
+
+
+def parse_rdzv_conf(value: str | None) -> dict[str, str]:
+    """``key=value,key=value`` (torchrun's --rdzv-conf); node ranks come from --node-rank, not from here."""
+    conf: dict[str, str] = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--rdzv-conf {value!r}: {item!r} is not KEY=VALUE. "
+                             "HINT: write e.g. --rdzv-conf timeout=120,read_timeout=60.")
+        if key == "rank":
+            raise UsageError(f"--rdzv-conf {value!r} sets the node rank. HINT: give it as --node-rank "
+                             f"{val.strip() or 'N'} instead.")
+        if key in _RDZV_WHOLE_SECONDS and not val.strip().isdigit():
+            raise UsageError(f"--rdzv-conf {value!r}: {key}={val.strip()!r} is not a whole number of "
+                             f"{'attempts' if key.endswith('attempt') else 'seconds'}. HINT: e.g. {key}=60.")
+        if key == "is_host" and val.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
+            raise UsageError(f"--rdzv-conf {value!r}: is_host={val.strip()!r} is not true or false. "
+                             "HINT: e.g. is_host=true on the node that hosts the rendezvous store.")
+        conf[key] = val.strip()
+    return conf
+
+
+def command_from_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
+    """The command the ranks run, with ``-m`` and ``--run-path`` applied; and notes about the choice."""
+    command = tuple(args.command or ())
+    if command and command[0] == "--":
+        command = command[1:]
+    notes = []
+    if args.module and args.no_python:
+        raise UsageError("-m and --no-python were both given: a module needs Python. HINT: drop one of them.")
+    if args.module and args.run_path:
+        raise UsageError("-m and --run-path were both given. HINT: -m runs a module, --run-path a file; "
+                         "keep the one that names what you run.")
+    if command and (args.module or args.run_path) and is_python(command[0]):
+        flag = "-m" if args.module else "--run-path"
+        raise UsageError(f"{flag} takes what to run, not the interpreter: {' '.join(command[:3])!r}. "
+                         f"HINT: write ringtrain run {flag} {' '.join(command[1:3])} ...")
+    if command and args.module:
+        command = ("python", "-m", *command)
+    elif command and args.run_path:
+        command = ("python", *command)
+        if args.no_python:
+            notes.append("--no-python has no effect with --run-path: the file runs as Python.")
+    return command, notes
+
+
 def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     """The worker variables set by horovodrun's tuning flags that were given.
 
@@ -215,9 +338,7 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
-    command = tuple(args.command or ())
-    if command and command[0] == "--":
-        command = command[1:]
+    command, notes = command_from_args(args)
     if not command and not args.check_build:
         raise UsageError("no command to run. HINT: write the program after the options, "
                          "e.g. ringtrain run -np 2 python train.py.")
@@ -233,12 +354,15 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     if args.rdzv_backend and args.rdzv_backend not in ("static", "c10d"):
         raise UsageError(f"--rdzv-backend {args.rdzv_backend!r} is not supported. "
                          "HINT: use c10d (elastic) or static.")
-    notes = []
     if args.mpi:
-        notes.append("--mpi accepted: ranks communicate through torch.distributed (gloo/NCCL), not MPI.")
+        notes.append(MPI_NOTE)
     for name in ("mpi_args", "binding_args"):
         if getattr(args, name):
             notes.append(f"--{name.replace('_', '-')} accepted and ignored: no mpirun is started.")
+    autotune = [spec.flag for spec in TUNING_FLAGS
+                if spec.flag.startswith("--autotune") and getattr(args, spec.dest, None) is not None]
+    if autotune:
+        notes.append(AUTOTUNE_NOTE.format(flags=", ".join(autotune)))
     for spec in TUNING_FLAGS:
         if getattr(args, spec.dest) is not None and "(accepted" in spec.help:
             notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")
@@ -267,6 +391,13 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         master_port=args.master_port,
         horovod_shim=not args.no_horovod_shim,
         tuning=tuning_env(args),
+        exports=parse_exports(args.export),
+        no_python=bool(args.no_python) and not args.run_path,
+        log_dir=args.log_dir,
+        redirects=parse_streams("--redirects", args.redirects),
+        tee=parse_streams("--tee", args.tee),
+        local_addr=args.local_addr,
+        rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
     )
 
 

@@ -1,49 +1,102 @@
-"""``ringtrain script slurm|pbs``: print a ready job script that runs a command through ``ringtrain run``."""
+"""``ringtrain script slurm|pbs|lsf``: print a ready job script that runs a command through ``ringtrain run``.
+
+Each scheduler takes its own words for where the job goes (Slurm: ``--partition``/``-p`` and
+``--qos``/``-q``; PBS and LSF: ``--queue``/``-q``); another scheduler's word is refused with the right
+one, and any unknown option exits 2 with a hint, like every other bad value.
+"""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+from typing import Any, NoReturn
 
 from ringtrain.cli.errors import UsageError
-from ringtrain.launch.scripts import JobScript, render
+from ringtrain.launch.scripts import MAIL_EVENTS, JobScript, render
+
+_SUBMIT = {"slurm": "sbatch job.sh", "pbs": "qsub job.sh", "lsf": "bsub < job.sh"}
+_WHAT = {"slurm": "an sbatch script", "pbs": "a qsub script (PBS Pro, OpenPBS, Torque)",
+         "lsf": "a bsub script (IBM Spectrum LSF)"}
+#: Where-the-job-goes options another scheduler has: (flags, dest, the fix for this scheduler).
+_NOT_PARTITIONS = "{s} has queues, not partitions. HINT: use --queue {v} (-q {v})."
+_NO_QOS = "{s} has no QOS. HINT: choose a queue with --queue instead."
+_FOREIGN = {
+    "slurm": [(("--queue",), "queue",
+               "Slurm calls its queues partitions. HINT: use --partition {v} (-p {v}); -q is Slurm's --qos."),
+              (("--project", "-P"), "project", "Slurm charges accounts. HINT: use --account {v} (-A {v}).")],
+    "pbs": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS),
+            (("--project", "-P"), "project", "PBS charges accounts. HINT: use --account {v} (-A {v}).")],
+    "lsf": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS)],
+}
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """An argparse parser whose errors (unknown options, bad types) end with a HINT, as usage errors do."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # An unknown option is this command's error (with the hint), not left to the top-level parser.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}. HINT: `{self.prog} --help` lists the options.\n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``script`` subcommand, with one sub-command per scheduler."""
     parser = subparsers.add_parser(
-        "script", help="print a Slurm or PBS job script that runs a command with ringtrain run",
-        description="Print a job script for sbatch (Slurm) or qsub (PBS) that starts COMMAND on "
-                    "NODES x PROCS_PER_NODE ranks through `ringtrain run`. Example: ringtrain script slurm "
-                    "--nodes 2 --procs-per-node 4 --time 01:00:00 -- python train.py --epochs 5 > job.sh; "
+        "script", help="print a Slurm, PBS or LSF job script that runs a command with ringtrain run",
+        description="Print a job script for sbatch (Slurm), qsub (PBS) or bsub (LSF) that starts COMMAND on "
+                    "NODES x NPROC_PER_NODE ranks through `ringtrain run`. Example: ringtrain script slurm "
+                    "--nodes 2 --nproc-per-node 4 --time 01:00:00 -- python3 train.py --epochs 5 > job.sh; "
                     "sbatch job.sh")
-    schedulers = parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True)
-    for name, what in (("slurm", "an sbatch script"), ("pbs", "a qsub script (PBS Pro, OpenPBS, Torque)")):
-        sub = schedulers.add_parser(name, help=f"print {what}")
-        _add_options(sub)
+    schedulers = parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True,
+                                       parser_class=ScriptParser)
+    for name in ("slurm", "pbs", "lsf"):
+        sub = schedulers.add_parser(name, help=f"print {_WHAT[name]}",
+                                    description=f"Print {_WHAT[name]}; submit it with `{_SUBMIT[name]}`.")
+        _add_options(sub, name)
         sub.set_defaults(func=run)
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
+def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     parser.add_argument("--nodes", "-N", type=int, required=True, help="number of nodes")
-    parser.add_argument("--procs-per-node", "--nproc-per-node", dest="procs_per_node", type=int,
+    parser.add_argument("--nproc-per-node", "--procs-per-node", dest="procs_per_node", type=int,
                         required=True, help="ranks per node")
-    parser.add_argument("--time", "-t", help="wall-clock limit, HH:MM:SS")
-    parser.add_argument("--partition", "--queue", "-p", dest="partition", help="Slurm partition / PBS queue")
+    parser.add_argument("--time", "-t",
+                        help="wall-clock limit, HH:MM:SS (e.g. 01:30:00; 48:00:00 is two days)")
+    if scheduler == "slurm":
+        parser.add_argument("--partition", "-p", dest="queue", help="partition to run in")
+        parser.add_argument("--qos", "-q", dest="qos", help="quality of service")
+    else:
+        parser.add_argument("--queue", "-q", dest="queue", help="queue to submit to")
+    project = ("--project", "-P") if scheduler == "lsf" else ()
+    parser.add_argument("--account", "-A", *project, dest="account", help="account (LSF: project) to charge")
+    parser.add_argument("--mail-user", metavar="ADDRESS", help="where the scheduler sends its mails")
+    parser.add_argument("--mail-type", metavar="WHEN", default="",
+                        help=f"comma-separated: {', '.join(MAIL_EVENTS)} "
+                             "(default with --mail-user: end,fail)")
     parser.add_argument("--job-name", "-J", default="ringtrain", help="job name (default ringtrain)")
-    parser.add_argument("--account", "-A", help="account or project to charge")
-    parser.add_argument("--output", "-o", help="output file (Slurm default ringtrain-%%j.out)")
+    parser.add_argument("--output", "-o",
+                        help="output file (default: the scheduler's; Slurm ringtrain-%%j.out)")
     parser.add_argument("--cpus-per-proc", type=int, default=1, help="CPU cores per rank (default 1)")
     parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default none)")
     parser.add_argument("--python", default=None,
-                        help="interpreter with ringtrain installed (default: this one, "
-                             "or `python` after --venv)")
+                        help="interpreter with ringtrain installed, as the job finds it (default python3, "
+                             "after --venv and --setup)")
     parser.add_argument("--venv", metavar="DIR", help="activate this virtual environment first")
     parser.add_argument("--setup", action="append", default=[], metavar="LINE",
                         help="shell line to run before the launch, e.g. 'module load cuda' (repeatable)")
-    parser.add_argument("--pbs-resources", choices=["select", "nodes"], default="select",
-                        help="PBS syntax: select=N:ncpus:mpiprocs (PBS Pro, default) or nodes=N:ppn (Torque)")
+    if scheduler == "pbs":
+        parser.add_argument("--pbs-resources", choices=["select", "nodes"], default="select",
+                            help="select=N:ncpus:mpiprocs with place=scatter (PBS Pro, default) or "
+                                 "nodes=N:ppn (Torque)")
+    for flags, dest, _fix in _FOREIGN[scheduler]:
+        parser.add_argument(*flags, dest="foreign_" + dest, help=argparse.SUPPRESS)
     # dest "program" keeps the command separate from the subcommand name (args.subcommand).
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the program every rank runs, after --")
@@ -51,19 +104,26 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 def job_from_args(args: argparse.Namespace) -> JobScript:
     """Turn parsed flags into a validated :class:`JobScript`; bad values raise :class:`UsageError`."""
+    for flags, dest, fix in _FOREIGN[args.scheduler]:
+        value = getattr(args, "foreign_" + dest, None)
+        if value is not None:
+            name = args.scheduler.upper() if args.scheduler != "slurm" else "Slurm"
+            raise UsageError(f"{flags[0]} {value!r}: {fix.format(s=name, v=shlex.quote(value))}")
     command = list(args.program)
     if command and command[0] == "--":
         command = command[1:]
     setup = list(args.setup)
     if args.venv:
         setup.insert(0, f". {shlex.quote(args.venv.rstrip('/'))}/bin/activate")
-    python = args.python or ("python" if args.venv else sys.executable)
+    mail_type = tuple(word.strip().lower() for word in args.mail_type.split(",") if word.strip())
     try:
         return JobScript(scheduler=args.scheduler, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                         command=tuple(command), time=args.time, partition=args.partition,
-                         job_name=args.job_name, account=args.account, output=args.output,
-                         cpus_per_proc=args.cpus_per_proc, gpus_per_node=args.gpus_per_node, python=python,
-                         setup=tuple(setup), pbs_resources=args.pbs_resources)
+                         command=tuple(command), time=args.time, queue=args.queue,
+                         qos=getattr(args, "qos", None), account=args.account, mail_user=args.mail_user,
+                         mail_type=mail_type, job_name=args.job_name, output=args.output,
+                         cpus_per_proc=args.cpus_per_proc, gpus_per_node=args.gpus_per_node,
+                         python=args.python or "python3", setup=tuple(setup),
+                         pbs_resources=getattr(args, "pbs_resources", "select"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringtrain.engine import hierarchical
 from ringtrain.engine.control_plane import ControlPlaneError
 from ringtrain.engine.requests import (
+    ADASUM,
     AVERAGE,
     MAX,
     MIN,
@@ -140,7 +142,14 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     scale_(buffer, ref.prescale)
     wire = buffer.to(_WIRE_DTYPE[dtype]) if dtype in _WIRE_DTYPE else buffer
     if wire.numel() > 0:
-        if ref.device < 0 and mesh_fits(groups, wire):
+        hierarchy = groups.extra.get("hierarchy")
+        if ref.reduce_op == ADASUM:
+            counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
+            hierarchical.adasum_over_set(hierarchy, wire.reshape(-1), counts, ref.device)
+        elif hierarchy is not None and hierarchy.applies_to_allreduce():
+            torch_op = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
+            hierarchical.allreduce(hierarchy, wire.reshape(-1), COMBINE[ref.reduce_op], torch_op, ref.device)
+        elif ref.device < 0 and mesh_fits(groups, wire):
             mesh_allreduce(groups.plane, wire, ref.reduce_op)
         elif ref.device < 0 and groups.ring:
             ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), COMBINE[ref.reduce_op])
@@ -229,6 +238,10 @@ def reduce_in_rank_order(parts: Sequence[torch.Tensor], reduce_op: int) -> torch
 def run_allgather(response: Response, request: Request, groups: SetGroups) -> None:
     """Concatenate along dim 0 in set order; ranks may have different first dimensions."""
     _wait_inputs([request])
+    hierarchy = groups.extra.get("hierarchy")
+    if hierarchy is not None and hierarchy.applies_to_allgather():
+        hierarchical.run_allgather(hierarchy, response, request)
+        return
     pg = groups.group(response.reference.device)
     for i, tensor in enumerate(request.inputs):
         rows = [response.metas[r].shapes[i][0] for r in groups.ranks]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from ringtrain.engine import control_plane
+from ringtrain.engine import control_plane, hierarchical
 from ringtrain.engine.executor import SetGroups
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
@@ -33,6 +33,8 @@ class EngineGroups:
         ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
         #: CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
         self.cpu_ring = ring == "ring"
+        #: Which host every rank is on, and whether the hierarchical collectives are on (rank 0 decides).
+        self.topology = hierarchical.Topology.discover(world, self.ctrl, self._agree, settings)
         self.sets: dict[int, SetGroups] = {}
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._next_set_id = 0
@@ -63,6 +65,7 @@ class EngineGroups:
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)
+            groups.extra["hierarchy"] = hierarchical.Hierarchy(self.topology, world, groups, self.settings)
         self.sets[set_id] = groups
         return set_id
 

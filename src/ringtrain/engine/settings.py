@@ -261,6 +261,14 @@ class Settings:
     bucket_cap_mb: float = _knob(
         "RINGTRAIN_BUCKET_CAP_MB", 25.0, Number("MiB", note="0: one request per parameter, as in Horovod"),
         "DistributedOptimizer's gradient bucket size (the first bucket is at most 1 MiB)", shown="25")
+    hierarchical_allreduce: bool = _knob(
+        "HOROVOD_HIERARCHICAL_ALLREDUCE", False, Switch(),
+        "allreduce within each host first, then across hosts (one rank per host), then broadcast within "
+        "the host; rank 0's value decides for the job", shown="off")
+    hierarchical_allgather: bool = _knob(
+        "HOROVOD_HIERARCHICAL_ALLGATHER", False, Switch(),
+        "allgather within each host first, then across hosts, then broadcast within the host; rank 0's "
+        "value decides for the job", shown="off")
     dynamic_process_sets: bool = _knob(
         "HOROVOD_DYNAMIC_PROCESS_SETS", False, Switch(),
         "allows add_process_set / remove_process_set after init", shown="off")

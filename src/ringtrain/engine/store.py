@@ -39,6 +39,8 @@ class World:
     reused_torch_world: bool
     #: Where the job's store lives: the control plane advertises the address that routes there.
     main_address: str = ""
+    #: Index of this node as the launcher numbered it (hierarchical collectives group ranks by node).
+    node_rank: int = 0
 
 
 def rendezvous(timeout_s: float) -> World:
@@ -61,8 +63,9 @@ def rendezvous(timeout_s: float) -> World:
     if placement.world_size == size and placement.rank == rank:
         local_rank, local_size = placement.local_rank, placement.local_world_size
         cross_rank, cross_size = placement.cross_rank, placement.cross_size
+        node_rank = placement.node_rank
     else:
-        local_rank, local_size, cross_rank, cross_size = 0, 1, rank, size
+        local_rank, local_size, cross_rank, cross_size, node_rank = 0, 1, rank, size, rank
     store = dist.PrefixStore(f"ringtrain/gen{_generation}/", base)
     return World(
         rank=rank,
@@ -75,6 +78,7 @@ def rendezvous(timeout_s: float) -> World:
         store=store,
         reused_torch_world=reused,
         main_address=placement.main_address,
+        node_rank=node_rank,
     )
 
 

@@ -50,6 +50,16 @@ class NodeSpec:
     failure_marker: bool = False
     """Report a failure as a marker line for the driver that started this agent, not as a report."""
     verbose: bool = False
+    log_dir: str | None = None
+    """Keep the ranks' output files here (None: a temporary folder, removed at the end)."""
+    redirects: str | None = None
+    """torchrun's stream selector of what stays off the console (files only)."""
+    tee: str | None = None
+    """torchrun's stream selector of what goes to the console and the files (wins over ``redirects``)."""
+    local_addr: str | None = None
+    """This node's address for the rendezvous (torch's ``local_addr``)."""
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    """Extra rendezvous settings; they win over the ones derived here (``timeout``)."""
 
 
 class AgentFailed(Exception):
@@ -157,17 +167,18 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
 
     host = spec.host or socket.gethostname()
-    log_dir = tempfile.mkdtemp(prefix="ringtrain-run-")
+    log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
     relay = ConsoleRelay(sys.stdout, sys.stderr)
-    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, relay=relay)
-    rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1))}
+    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
+                         relay=relay)
+    rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1)), **spec.rdzv_conf}
     if spec.rdzv_backend == "static":
         rdzv_configs["rank"] = spec.node_rank
     torch_config = TorchLaunchConfig(
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nproc_per_node=spec.nproc, logs_specs=logs,
         run_id=spec.run_id, role="ringtrain", rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_backend=spec.rdzv_backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=0.1, local_addr=spec.local_addr,
     )
     env = {**relay.worker_variables(), **spec.env}
     # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
@@ -213,7 +224,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if not spec.log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _stderr_path(log_dir: str, output_dir: str | None, rank: int, local_rank: int) -> str | None:

@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import HostSlots
+from ringtrain.launch.worker_entry import NO_PYTHON_VARIABLE
 from ringtrain.shim import shim_pythonpath
 
 
@@ -35,6 +37,7 @@ class DriverLink:
     """Ranks on every node, in node-rank order (Horovod's cross rank and size come from them)."""
     node_hosts: tuple[str, ...]
     """Every node's host name as the driver knows it, in node-rank order (``HOROVOD_HOSTNAME``)."""
+
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,23 @@ class LaunchConfig:
     horovod_shim: bool = True
     tuning: Mapping[str, str] = field(default_factory=dict)
     """``HOROVOD_*`` (and NCCL) variables set by horovodrun's tuning flags."""
+    exports: Mapping[str, str | None] = field(default_factory=dict)
+    """``-x NAME=value`` (value given) and ``-x NAME`` (None: the launcher's own value, which travels in
+    the environment of the agents, never in this config, so that a secret stays out of ``ps``)."""
+    no_python: bool = False
+    """``--no-python``: exec the command as it is, even a ``.py`` file or ``python`` itself."""
+    log_dir: str | None = None
+    """``--log-dir``: keep every rank's output files here (torchrun's layout) instead of a temp folder."""
+    redirects: str | None = None
+    """``--redirects``: streams (torchrun's ``N`` or ``LOCAL_RANK:N,...``; 1 out, 2 err, 3 both) that
+    go to the files only, not to the console."""
+    tee: str | None = None
+    """``--tee``: streams that go to the console and the files (wins over ``redirects``)."""
+    local_addr: str | None = None
+    """``--local-addr``: this node's address for the rendezvous (c10d: node 0's is the workers'
+    MASTER_ADDR)."""
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    """``--rdzv-conf key=value,...``: extra settings of the rendezvous handler (``timeout``, ...)."""
     driver: DriverLink | None = None
     """Set on the agents a multi-host driver starts (see :class:`DriverLink`)."""
     notes: tuple[str, ...] = ()
@@ -83,6 +103,9 @@ class LaunchConfig:
             env["HOROVOD_GLOO_IFACE"] = self.network_interfaces[0]
         if self.log_level:
             env["HOROVOD_LOG_LEVEL"] = self.log_level
+        env.update({name: value for name, value in self.exports.items() if value is not None})
+        if self.no_python:
+            env[NO_PYTHON_VARIABLE] = "1"
         env["HOROVOD_START_TIMEOUT"] = f"{self.start_timeout:g}"
         return env
 
@@ -93,8 +116,10 @@ class LaunchConfig:
             value: Any = getattr(self, f.name)
             if f.name == "hosts" and value:
                 value = ",".join(f"{h.host}:{h.slots}" for h in value)
-            elif f.name == "tuning":
+            elif f.name in ("tuning", "rdzv_conf"):
                 value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+            elif f.name == "exports":
+                value = " ".join(k if v is None else f"{k}={v}" for k, v in sorted(value.items())) or "-"
             elif f.name == "command":
                 value = " ".join(value)
             rows.append((f.name, "-" if value is None else str(value)))
@@ -148,6 +173,7 @@ def worker_environment(config: LaunchConfig, environ: Mapping[str, str], nproc: 
     PYTHONPATH, and the node layout a driver knows (``RINGTRAIN_NODE_SLOTS`` / ``_HOSTS``).
     """
     env = config.worker_env
+    env.update(exported_values(config, environ))
     env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" not in environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun: n ranks x all cores oversubscribes the machine
@@ -173,3 +199,18 @@ def socket_if_names() -> list[tuple[int, str]]:
     except OSError:
         return []
 
+
+
+def exported_values(config: LaunchConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The values of ``-x``: given ones as they are, bare names from ``environ`` (the launcher's, or an
+    agent's that the launcher forwarded them to). A bare name that is not set is a usage error."""
+    values = {}
+    for name, value in config.exports.items():
+        if value is None:
+            if name not in environ:
+                raise UsageError(f"-x {name}: {name} is not set in the launcher's environment, so there "
+                                 f"is no value to pass on. HINT: export {name}=... before ringtrain run, or "
+                                 f"give the value: -x {name}=VALUE.")
+            value = environ[name]
+        values[name] = value
+    return values

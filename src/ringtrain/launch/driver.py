@@ -25,7 +25,7 @@ from dataclasses import replace
 from ringtrain import __version__
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.agent import NodeSpec, run_node
-from ringtrain.launch.config import DriverLink, LaunchConfig, worker_environment
+from ringtrain.launch.config import DriverLink, LaunchConfig, exported_values, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
 from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, probe_hosts, remote_command
@@ -36,11 +36,16 @@ from ringtrain.launch.worker_entry import is_python
 SHUTDOWN_GRACE = 30.0
 
 
-def check_command(command: Sequence[str]) -> None:
+def check_command(command: Sequence[str], no_python: bool = False) -> None:
     """Refuse a command that cannot start, before any rank is spawned."""
     program = command[0]
     script = None
-    if is_python(program):
+    if no_python:
+        if shutil.which(program) is None:
+            raise UsageError(f"--no-python: {program!r} is not an executable on PATH or a path to an "
+                             "executable file. HINT: give an executable (chmod +x it, with a #! line), or "
+                             "drop --no-python to run a .py file through Python.")
+    elif is_python(program):
         rest = list(command[1:])
         if rest and not rest[0].startswith("-"):
             script = rest[0]
@@ -52,6 +57,19 @@ def check_command(command: Sequence[str]) -> None:
     if script is not None and not os.path.isfile(script):
         raise UsageError(f"script not found: {script!r} (in {os.getcwd()}). HINT: check the path of the "
                          "Python script to run.")
+
+
+def check_log_dir(path: str) -> None:
+    """``--log-dir`` must be a folder this process can create and write (on every node it runs on)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise UsageError(f"--log-dir {path!r} cannot be created: {exc.strerror}. HINT: give a folder path "
+                         "that this user may create, e.g. --log-dir ./logs.") from None
+    if not writable:
+        raise UsageError(f"--log-dir {path!r} is not writable. HINT: pick a folder of your own, e.g. "
+                         "--log-dir ./logs.")
 
 
 def check_build() -> str:
@@ -83,6 +101,9 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"ringtrain run: warning: {note}", file=sys.stderr)
     if config.verbose:
         print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
+    exported_values(config, environ)  # a bare -x NAME that is not set here fails before anything starts
+    if config.log_dir:
+        check_log_dir(config.log_dir)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)
@@ -95,7 +116,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
 
 def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str],
                  node_hosts: tuple[str, ...] | None = None) -> int:
-    check_command(config.command)
+    check_command(config.command, config.no_python)
     endpoint = plan.rdzv_endpoint
     if plan.local_only:
         if config.master_port:
@@ -112,7 +133,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         host=hosts[plan.node_rank] if hosts and plan.node_rank < len(hosts) else None,
         output_dir=config.output_filename,
         env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
-        failure_marker=driven, verbose=config.verbose,
+        failure_marker=driven, verbose=config.verbose, log_dir=_absolute(config.log_dir),
+        redirects=config.redirects, tee=config.tee, local_addr=config.local_addr, rdzv_conf=config.rdzv_conf,
     )
     watcher = _watch_stdin() if driven else None
     try:
@@ -172,7 +194,8 @@ def node_config(config: LaunchConfig, node_rank: int, nnodes: int, nproc: int, e
     return replace(config, num_proc=None, hosts=None, nnodes=(nnodes, nnodes), nproc_per_node=nproc,
                    node_rank=node_rank, rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_id=run_id,
                    master_addr=None, master_port=None, output_filename=_absolute(config.output_filename),
-                   check_build=False, notes=(), driver=DriverLink(tuple(slots), tuple(hosts)))
+                   log_dir=_absolute(config.log_dir), check_build=False, notes=(),
+                   driver=DriverLink(tuple(slots), tuple(hosts)))
 
 
 def node_argv(config: LaunchConfig, python: str = sys.executable) -> list[str]:
@@ -196,7 +219,8 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
                          "Slurm module, or start the job step yourself: "
                          "srun --ntasks-per-node=1 ringtrain run ...")
     task = replace(config, nproc_per_node=plan.nproc_per_node,
-                   output_filename=_absolute(config.output_filename), check_build=False, notes=())
+                   output_filename=_absolute(config.output_filename), log_dir=_absolute(config.log_dir),
+                   check_build=False, notes=())
     srun = ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.nnodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", *node_argv(task)]
     if config.verbose:
@@ -264,7 +288,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                         source=plan.source)
         return _launch_node(config, node, environ, node_hosts=(nodes[0].host,))
     if any(local):
-        check_command(config.command)
+        check_command(config.command, config.no_python)
     remote_hosts = [n.host for n, is_local in zip(nodes, local) if not is_local]
     probe_hosts(remote_hosts, config.ssh_port, config.ssh_identity_file, config.start_timeout)
     first = nodes[0].host
@@ -300,7 +324,9 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
             if is_local:
                 procs.append(_Node(k, node.host, argv, None, False, failures, lock))
             else:
-                cmd = remote_command(node.host, argv, forwarded_environment(environ), cwd_for_remote(),
+                # -x NAME values travel in the ssh session's environment, not in the config (see LaunchConfig)
+                forwarded = forwarded_environment(environ, exported_values(config, environ))
+                cmd = remote_command(node.host, argv, forwarded, cwd_for_remote(),
                                      config.ssh_port, config.ssh_identity_file, config.start_timeout)
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)

@@ -12,7 +12,8 @@ carriage return redraws the line it ends, as on a terminal. Rank 0's redrawn lin
 Trainer's progress) is drawn as one live line at the bottom of a terminal, cleared and drawn again
 around the other ranks' lines; in a file or a pipe, and for the other ranks, a redrawn line is
 printed as an ordinary line: its first state, then at most one every :data:`UPDATE_LINE_INTERVAL_S`
-seconds, and its last state.
+seconds, and its last state. ``--redirects`` / ``--tee`` keep chosen streams off the console (files
+only).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import BinaryIO, TextIO
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.elastic.multiprocessing.api import LogsDest
+from torch.distributed.elastic.multiprocessing.api import LogsDest, to_map
 
 #: Set to ``1`` for the workers when this console is a terminal where rank 0's carriage-return updates
 #: are drawn as one live line: the Trainer then shows a progress bar rather than a line now and then.
@@ -214,8 +215,8 @@ class ConsoleRelay:
 
     # --- the ranks' files -------------------------------------------------------------------
 
-    def follow(self, files: Mapping[int, tuple[str, str]]) -> None:
-        """Relay these files from now on: ``{rank: (stdout path, stderr path)}``.
+    def follow(self, files: Mapping[int, tuple[str | None, str | None]]) -> None:
+        """Relay these files from now on: ``{rank: (stdout path, stderr path)}`` (None: kept off the console).
 
         The files of the ranks followed so far are read to their end first (a restart begins after
         the previous ranks have exited).
@@ -223,7 +224,7 @@ class ConsoleRelay:
         with self._lock:
             self._drain()
             self._sources = [_Source(rank, path, dest) for rank, paths in sorted(files.items())
-                             for path, dest in zip(paths, (self.stdout, self.stderr))]
+                             for path, dest in zip(paths, (self.stdout, self.stderr)) if path is not None]
 
     def start(self) -> ConsoleRelay:
         """Start the thread that copies the files."""
@@ -300,13 +301,18 @@ class ConsoleRelay:
 class RankLogsSpecs(DefaultLogsSpecs):
     """Redirect all output to files (under ``output_dir/rank.<N>/`` when given) and hand them to ``relay``.
 
-    Nothing is teed through torch's tailer: ``relay`` prints the files (see the module's docstring).
+    Every stream always goes to a file (the root-cause report reads them); nothing is teed through
+    torch's tailer, ``relay`` prints the files (see the module's docstring). ``redirects`` and ``tee``
+    are torchrun's selectors (``"3"`` or ``"0:1,1:2"``) and only decide what the console shows: a
+    redirected stream is kept off it, unless it is also teed.
     """
 
-    def __init__(self, log_dir: str, output_dir: str | None = None,
-                 relay: ConsoleRelay | None = None) -> None:
+    def __init__(self, log_dir: str, output_dir: str | None = None, redirects: str | None = None,
+                 tee: str | None = None, relay: ConsoleRelay | None = None) -> None:
         super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.NONE)
         self.output_dir = output_dir
+        self.quiet = Std.from_str(redirects) if redirects else Std.NONE
+        self.shown = Std.from_str(tee) if tee else Std.NONE
         self.relay = relay
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
@@ -323,6 +329,11 @@ class RankLogsSpecs(DefaultLogsSpecs):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(path)
         if self.relay is not None:
-            self.relay.follow({int(env["RANK"]): (dest.stdouts[local_rank], dest.stderrs[local_rank])
-                               for local_rank, env in envs.items()})
+            quiet, shown = to_map(self.quiet, len(envs)), to_map(self.shown, len(envs))
+            on_console = {}
+            for local_rank, env in envs.items():
+                off = quiet[local_rank] & ~shown[local_rank]
+                on_console[int(env["RANK"])] = (None if off & Std.OUT else dest.stdouts[local_rank],
+                                                None if off & Std.ERR else dest.stderrs[local_rank])
+            self.relay.follow(on_console)
         return dest

@@ -1,9 +1,10 @@
 """Where the ranks go: one node here, many hosts, or the nodes of a Slurm/PBS allocation.
 
-Precedence: explicit torchrun node flags (``--node-rank``, ``--rdzv-endpoint``, ``--nnodes >1``), then
-``-H``/``--hostfile``, then an ``srun`` step (one task per node), then a Slurm batch shell (re-launch
-through ``srun``), then a PBS allocation (its node file), then this machine alone. Explicit flags and
-MASTER_ADDR/MASTER_PORT win over addresses derived from an allocation.
+Precedence: ``--standalone`` (this node alone), then explicit torchrun node flags (``--node-rank``,
+``--rdzv-endpoint``, ``--nnodes >1``), then ``-H``/``--hostfile``, then an ``srun`` step (one task per
+node), then a Slurm batch shell (re-launch through ``srun``), then a PBS or LSF allocation (its host
+file), then this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived
+from an allocation.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ class NodePlan:
     run_id: str
     local_only: bool = False
     source: str = "local"
+
+
+#: The run id of a multi-node rendezvous when no ``--rdzv-id`` is given: the same on every node (as
+#: torchrun's fixed default), so nodes started by hand with the same endpoint always meet. One
+#: rendezvous store serves one job (its port is bound once), so a fixed name cannot mix two jobs.
+SHARED_RUN_ID = "ringtrain"
 
 
 @dataclass(frozen=True)
@@ -116,19 +123,28 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
 
 
-def _pbs_hosts(environ: Mapping[str, str]) -> tuple[HostSlots, ...]:
-    path = environ["PBS_NODEFILE"]
+def _allocation_hosts(config: LaunchConfig, variable: str, environ: Mapping[str, str]) -> HostsPlan:
+    """The hosts of a PBS or LSF job from its host file (one line per slot); ``--nproc-per-node`` wins
+    over the slot counts (a job may hold more cores per node than it runs ranks)."""
+    path = environ[variable]
     try:
         entries = hosts_from_nodefile(path)
-    except OSError as exc:
-        raise UsageError(f"PBS_NODEFILE {path!r} cannot be read: {exc}. HINT: run inside the PBS job, or "
-                         "pass the hosts with -H.") from None
-    return tuple(HostSlots(host, slots) for host, slots in entries)
+    except ClusterEnvironmentError as exc:  # it names the file, the line and the fix
+        raise UsageError(f"{variable}: {exc}") from None
+    hosts = tuple(HostSlots(host, config.nproc_per_node or slots) for host, slots in entries)
+    return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), variable)
 
 
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
     """Decide how this ``ringtrain run`` starts its ranks."""
+    # A single node's rendezvous is private, so a fresh id keeps its log folders apart; nodes that must
+    # meet derive theirs from what they share.
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    shared_run_id = config.rdzv_id or SHARED_RUN_ID
+    if config.standalone:  # torchrun's meaning: this node alone, whatever the flags or the allocation say
+        return NodePlan(nproc=config.nproc_per_node or config.num_proc or 1, node_rank=0, min_nodes=1,
+                        max_nodes=1, rdzv_backend="static", rdzv_endpoint="", run_id=run_id, local_only=True,
+                        source="--standalone")
     multi_node_flags = config.node_rank is not None or config.rdzv_endpoint is not None \
         or (config.nnodes is not None and config.nnodes[1] > 1)
     if multi_node_flags:
@@ -150,7 +166,7 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
                              f"HINT: node ranks run from 0 to {max_nodes - 1}.")
         return NodePlan(nproc=_per_node(config, max_nodes, 1, "--nnodes"), node_rank=config.node_rank or 0,
                         min_nodes=min_nodes, max_nodes=max_nodes, rdzv_backend=backend,
-                        rdzv_endpoint=endpoint, run_id=run_id, source="flags")
+                        rdzv_endpoint=endpoint, run_id=shared_run_id, source="flags")
     if config.hosts:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
     if "SLURM_JOB_ID" in environ and "SLURM_NNODES" in environ:
@@ -185,8 +201,9 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
         return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
                         rdzv_endpoint="", run_id=run_id, local_only=True, source="slurm (one node)")
     if environ.get("PBS_JOBID") and environ.get("PBS_NODEFILE"):
-        hosts = _pbs_hosts(environ)
-        return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), "PBS_NODEFILE")
+        return _allocation_hosts(config, "PBS_NODEFILE", environ)
+    if environ.get("LSB_JOBID") and environ.get("LSB_DJOB_HOSTFILE"):
+        return _allocation_hosts(config, "LSB_DJOB_HOSTFILE", environ)
     nproc = config.num_proc or config.nproc_per_node or 1
     return NodePlan(nproc=nproc, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
                     rdzv_endpoint="", run_id=run_id, local_only=True, source="local")

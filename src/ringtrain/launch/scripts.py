@@ -1,29 +1,57 @@
-"""Job scripts: a ready ``sbatch`` / ``qsub`` file that runs a command through ``ringtrain run``.
+"""Job scripts: a ready ``sbatch`` / ``qsub`` / ``bsub`` file that runs a command through ``ringtrain run``.
 
-Slurm: one task per node (``--ntasks-per-node=1``) started by ``srun``; each task is the
-``ringtrain run`` agent of its node and starts ``--nproc-per-node`` ranks itself. PBS: the job
-script runs one ``ringtrain run``, which reads the hosts from ``$PBS_NODEFILE`` and reaches the other
-nodes over ssh. Pure functions: a :class:`JobScript` in, the script's text out.
+Every script starts one ``ringtrain run`` agent per node, each starting that node's ranks, and lets the
+nodes meet at the first host of the job (its address is taken inside the job: ``scontrol show
+hostnames``, ``$PBS_NODEFILE``, ``$LSB_DJOB_HOSTFILE``). Slurm: ``srun`` starts the agents (one task
+per node, with the task's CPUs passed on to ``srun``, which Slurm 22.05 and later no longer do by
+themselves). PBS and LSF: the script runs one ``ringtrain run`` on the first host, which reads the
+job's host file and reaches the other hosts over ssh.
+
+The interpreter is ``python3`` as the job finds it (after ``--venv`` or ``--setup`` lines), or
+``--python``: never this machine's absolute path, which a cluster's nodes need not have.
+
+Pure functions: a :class:`JobScript` in, the script's text out.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
 
 #: Scheduler names accepted by :func:`render`.
-SCHEDULERS = ("slurm", "pbs")
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+SCHEDULERS = ("slurm", "pbs", "lsf")
+#: The one wall-time format: hours (any number of digits), minutes and seconds below 60.
+_TIME = re.compile(r"^(\d+):([0-5]\d):([0-5]\d)$")
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_WORD = re.compile(r"^[A-Za-z0-9_.@+-]+$")
+#: ``--mail-type`` words: when to send mail.
+MAIL_EVENTS = ("begin", "end", "fail", "all")
+_RANKS_PER_NODE = "--nproc-per-node"
+
+
+def parse_walltime(text: str) -> int:
+    """``HH:MM:SS`` -> seconds; anything else is a ValueError that names the value and the fix."""
+    match = _TIME.match(text.strip())
+    hours, minutes, seconds = (int(g) for g in match.groups()) if match else (0, 0, 0)
+    if not hours * 3600 + minutes * 60 + seconds:
+        raise ValueError(f"--time {text!r} is not a wall time in HH:MM:SS (hours, then minutes and "
+                         "seconds below 60, more than zero). HINT: write e.g. --time 01:30:00 for an hour "
+                         "and a half, --time 48:00:00 for two days.")
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _hms(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobScript:
-    """What the job needs; validated on construction (``ValueError`` naming the bad value)."""
+    """What the job needs; validated on construction (``ValueError`` naming the bad value and the fix)."""
 
     scheduler: str
-    """``slurm`` or ``pbs``."""
+    """``slurm``, ``pbs`` or ``lsf``."""
     nodes: int
     """Number of nodes."""
     procs_per_node: int
@@ -31,21 +59,27 @@ class JobScript:
     command: tuple[str, ...]
     """The program and its arguments, run by every rank."""
     time: str | None = None
-    """Wall-clock limit, ``HH:MM:SS`` (Slurm also takes ``D-HH:MM:SS`` and minutes)."""
-    partition: str | None = None
-    """Slurm partition, or PBS queue."""
-    job_name: str = "ringtrain"
-    """Job name shown by ``squeue`` / ``qstat``."""
+    """Wall-clock limit, ``HH:MM:SS`` (converted to each scheduler's own form)."""
+    queue: str | None = None
+    """Slurm partition, PBS or LSF queue."""
+    qos: str | None = None
+    """Slurm quality of service (Slurm only)."""
     account: str | None = None
-    """Account / project to charge."""
+    """Account to charge (Slurm ``--account``, PBS ``-A``, LSF project ``-P``)."""
+    mail_user: str | None = None
+    """Address for the scheduler's mails."""
+    mail_type: tuple[str, ...] = ()
+    """When to mail: words of :data:`MAIL_EVENTS` (default with a ``mail_user``: end and fail)."""
+    job_name: str = "ringtrain"
+    """Job name shown by ``squeue`` / ``qstat`` / ``bjobs``."""
     output: str | None = None
-    """Output file (default: Slurm ``ringtrain-%j.out``, PBS the scheduler's default)."""
+    """Output file (default: Slurm ``ringtrain-%j.out``, LSF ``ringtrain-%J.out``, PBS its own)."""
     cpus_per_proc: int = 1
-    """CPU cores reserved per rank."""
+    """CPU cores reserved per rank (also each rank's ``OMP_NUM_THREADS``)."""
     gpus_per_node: int = 0
-    """GPUs per node (0: none requested)."""
+    """GPUs per node (0: none requested); rank r of a node uses its GPU ``LOCAL_RANK``."""
     python: str = "python3"
-    """Interpreter that has ringtrain installed; the script runs ``PYTHON -m ringtrain run``."""
+    """Interpreter with ringtrain, as the job finds it; the script runs ``PYTHON -m ringtrain run``."""
     setup: tuple[str, ...] = field(default_factory=tuple)
     """Shell lines run before the launch (``module load ...``, ``source venv/bin/activate``)."""
     pbs_resources: str = "select"
@@ -63,12 +97,25 @@ class JobScript:
             raise ValueError(f"--gpus-per-node {self.gpus_per_node} is negative. HINT: use 0 for none.")
         if not self.command:
             raise ValueError("no command to run. HINT: put it after --, e.g. "
-                             "ringtrain script slurm --nodes 2 --procs-per-node 4 -- python train.py")
-        if self.time is not None and not _TIME.match(self.time):
-            raise ValueError(f"--time {self.time!r} is not a duration. HINT: write HH:MM:SS, e.g. 01:30:00.")
+                             "ringtrain script slurm --nodes 2 --nproc-per-node 4 -- python train.py")
+        if self.time is not None:
+            parse_walltime(self.time)
         if not _NAME.match(self.job_name):
             raise ValueError(f"--job-name {self.job_name!r} must be 1-64 letters, digits or . _ + -. "
                              "HINT: e.g. --job-name mnist-ddp.")
+        queue_flag = "--queue" if self.scheduler != "slurm" else "--partition"
+        for flag, value in ((queue_flag, self.queue), ("--qos", self.qos), ("--account", self.account),
+                            ("--mail-user", self.mail_user)):
+            if value is not None and not _WORD.match(value):
+                raise ValueError(f"{flag} {value!r} holds characters a job script cannot carry safely. "
+                                 f"HINT: give the plain name, e.g. {flag} gpu.")
+        if self.qos is not None and self.scheduler != "slurm":
+            raise ValueError(f"--qos {self.qos!r}: {self.scheduler.upper()} has no QOS. HINT: choose a queue "
+                             "with --queue instead.")
+        unknown = [word for word in self.mail_type if word not in MAIL_EVENTS]
+        if unknown:
+            raise ValueError(f"--mail-type {','.join(self.mail_type)!r}: {unknown[0]!r} is not one of "
+                             f"{', '.join(MAIL_EVENTS)}. HINT: e.g. --mail-type end,fail.")
         if self.pbs_resources not in ("select", "nodes"):
             raise ValueError(f"--pbs-resources {self.pbs_resources!r} is unknown. HINT: use select "
                              "(PBS Pro, OpenPBS) or nodes (Torque).")
@@ -76,76 +123,169 @@ class JobScript:
             if "\n" in line:
                 raise ValueError(f"--setup {line!r} spans several lines. HINT: repeat --setup once per line.")
 
+    @property
+    def cpus_per_node(self) -> int:
+        """CPU cores of one node's share of the job."""
+        return self.procs_per_node * self.cpus_per_proc
 
-def _launch_line(job: JobScript, *flags: str) -> str:
-    run = [job.python, "-m", "ringtrain", "run", *flags]
-    return shlex.join(run) + " " + shlex.join(job.command)
+    @property
+    def walltime(self) -> int | None:
+        """The wall-clock limit in seconds (None: the scheduler's default)."""
+        return None if self.time is None else parse_walltime(self.time)
 
+    @property
+    def mail_events(self) -> tuple[str, ...]:
+        """When to mail, with ``all`` spelled out; end and fail when only an address was given."""
+        events = self.mail_type or (("end", "fail") if self.mail_user else ())
+        return ("begin", "end", "fail") if "all" in events else tuple(dict.fromkeys(events))
+
+
+# --- the parts every script shares ------------------------------------------------------------------
+
+def _job_environment(job: JobScript, head_node: str) -> list[str]:
+    """The variables every node of the job gets, exported by the script before the launch.
+
+    This is the one place for job-wide variables: node 0's address and port (every node computes the
+    same), threads per rank, and any per-job secret (``export RINGTRAIN_JOB_SECRET=...``) once
+    ringtrain makes one.
+    """
+    lines = ["# Node 0 of the job hosts the rendezvous: the same address and port on every node.",
+             f"MASTER_ADDR=$({head_node})",
+             "export MASTER_ADDR",
+             f"export MASTER_PORT=$((15000 + {_job_number(job)} % 10000))"]
+    if job.cpus_per_proc > 1:
+        lines.append(f"export OMP_NUM_THREADS={job.cpus_per_proc}  # --cpus-per-proc cores for each rank")
+    return lines
+
+
+def _job_number(job: JobScript) -> str:
+    """The shell expression of the job's number (ringtrain derives the same port from it by itself)."""
+    if job.scheduler == "slurm":
+        return "SLURM_JOB_ID"
+    if job.scheduler == "lsf":
+        return "LSB_JOBID"
+    return "${PBS_JOBID%%[!0-9]*}"  # "8812.pbs01" -> 8812
+
+
+def _interpreter_check(job: JobScript) -> list[str]:
+    python = shlex.quote(job.python)
+    return [f"if ! {python} -c 'import ringtrain' 2>/dev/null; then",
+            f'    echo "job: {job.python} ($(command -v {python} || echo not found)) cannot import '
+            'ringtrain: activate its environment (ringtrain script --venv DIR, --setup LINE) or name the '
+            'interpreter (--python)" >&2',
+            "    exit 2",
+            "fi"]
+
+
+def _launch_line(job: JobScript) -> str:
+    run = [job.python, "-m", "ringtrain", "run", _RANKS_PER_NODE, str(job.procs_per_node)]
+    return (shlex.join(run) + ' --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
+            + shlex.join(job.command))
+
+
+def _body(job: JobScript, preamble: list[str], head_node: str, launch: list[str]) -> list[str]:
+    # -u only after the setup lines: `module load` and some activate scripts read unset variables.
+    return ["", *preamble, "set -eo pipefail", *job.setup, "set -u", *_interpreter_check(job),
+            *_job_environment(job, head_node), "", *launch, ""]
+
+
+# --- one function per scheduler --------------------------------------------------------------------
 
 def slurm_script(job: JobScript) -> str:
     """An ``sbatch`` script: one ``ringtrain run`` per node via ``srun``, each starting the node's ranks."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}", f"#SBATCH --nodes={job.nodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --cpus-per-task={job.procs_per_node * job.cpus_per_proc}"]
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={job.cpus_per_node}"]
     if job.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
-    if job.time:
-        lines.append(f"#SBATCH --time={job.time}")
-    if job.partition:
-        lines.append(f"#SBATCH --partition={job.partition}")
+    if job.walltime is not None:
+        days, rest = divmod(job.walltime, 86400)
+        lines.append(f"#SBATCH --time={f'{days}-' if days else ''}{_hms(rest)}")
+    if job.queue:
+        lines.append(f"#SBATCH --partition={job.queue}")
+    if job.qos:
+        lines.append(f"#SBATCH --qos={job.qos}")
     if job.account:
         lines.append(f"#SBATCH --account={job.account}")
+    if job.mail_user:
+        lines.append(f"#SBATCH --mail-user={job.mail_user}")
+    if job.mail_events:
+        lines.append(f"#SBATCH --mail-type={','.join(e.upper() for e in job.mail_events)}")
     lines.append(f"#SBATCH --output={job.output or 'ringtrain-%j.out'}")
-    lines += [
-        "",
-        f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): srun starts one `ringtrain run` per node,",
-        "# which starts that node's ranks and meets the other nodes at the first host of the job.",
-        "set -euo pipefail",
-        *job.setup,
-        "",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
-        "    " + _launch_line(job, "--nproc-per-node", str(job.procs_per_node)),
-        "",
-    ]
-    return "\n".join(lines)
+    # srun is told the task's CPUs: since Slurm 22.05 it no longer takes them from the job's
+    # --cpus-per-task, and all ranks of a node would share one core.
+    srun = ['srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1']
+    if job.gpus_per_node:
+        srun[0] += " --gpu-bind=none"  # the node's one task owns all its GPUs; rank r takes GPU r
+    launch = [srun[0] + " \\", "    " + _launch_line(job)]
+    preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): srun starts one `ringtrain run` per "
+                "node,", "# which starts that node's ranks; the nodes meet at the job's first host."]
+    head = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p'
+    return "\n".join(lines + _body(job, preamble, head, launch))
 
 
 def pbs_script(job: JobScript) -> str:
     """A ``qsub`` script: one ``ringtrain run`` that spreads the ranks over ``$PBS_NODEFILE``'s hosts."""
-    cpus = job.procs_per_node * job.cpus_per_proc
     if job.pbs_resources == "select":
-        resources = f"select={job.nodes}:ncpus={cpus}:mpiprocs={job.procs_per_node}"
+        resources = f"select={job.nodes}:ncpus={job.cpus_per_node}:mpiprocs={job.procs_per_node}"
         if job.gpus_per_node:
             resources += f":ngpus={job.gpus_per_node}"
     else:
-        resources = f"nodes={job.nodes}:ppn={job.procs_per_node}"
+        resources = f"nodes={job.nodes}:ppn={job.cpus_per_node}"
         if job.gpus_per_node:
             resources += f":gpus={job.gpus_per_node}"
     lines = ["#!/bin/bash", f"#PBS -N {job.job_name}", f"#PBS -l {resources}"]
-    if job.time:
-        lines.append(f"#PBS -l walltime={job.time}")
-    if job.partition:
-        lines.append(f"#PBS -q {job.partition}")
+    if job.pbs_resources == "select":
+        lines.append("#PBS -l place=scatter")  # one chunk per host: the ranks of a node stay together
+    if job.walltime is not None:
+        lines.append(f"#PBS -l walltime={_hms(job.walltime)}")
+    if job.queue:
+        lines.append(f"#PBS -q {job.queue}")
     if job.account:
         lines.append(f"#PBS -A {job.account}")
+    if job.mail_user:
+        lines.append(f"#PBS -M {job.mail_user}")
+    if job.mail_events:
+        letters = {"begin": "b", "end": "e", "fail": "a"}  # a: aborted
+        lines.append("#PBS -m " + "".join(letters[e] for e in job.mail_events))
     lines.append("#PBS -j oe")
     if job.output:
         lines.append(f"#PBS -o {job.output}")
-    total = job.nodes * job.procs_per_node
-    lines += [
-        "",
-        f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): `ringtrain run` reads the hosts and slots",
-        "# from $PBS_NODEFILE and starts each node's ranks (over ssh on the other nodes).",
-        "set -euo pipefail",
-        'cd "$PBS_O_WORKDIR"',
-        *job.setup,
-        "",
-        _launch_line(job, "-np", str(total)),
-        "",
-    ]
-    return "\n".join(lines)
+    preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): `ringtrain run` reads the hosts from "
+                "$PBS_NODEFILE", "# and starts each node's ranks (over ssh on the other nodes).",
+                'cd "$PBS_O_WORKDIR"']
+    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$PBS_NODEFILE"', [_launch_line(job)]))
+
+
+def lsf_script(job: JobScript) -> str:
+    """A ``bsub`` script: one ``ringtrain run`` that spreads the ranks over ``$LSB_DJOB_HOSTFILE``'s hosts.
+
+    Classic LSF: ``-n`` slots with ``span[ptile=...]`` put each node's share on one host, and the
+    script runs on the first of them. (On CSM systems where a separate launch node runs the script,
+    start the ranks with ``jsrun`` instead.)
+    """
+    lines = ["#!/bin/bash", f"#BSUB -J {job.job_name}", f"#BSUB -n {job.nodes * job.cpus_per_node}",
+             f'#BSUB -R "span[ptile={job.cpus_per_node}]"']
+    if job.gpus_per_node:
+        lines.append(f'#BSUB -gpu "num={job.gpus_per_node}"')
+    if job.walltime is not None:
+        minutes = math.ceil(job.walltime / 60)  # LSF takes [hours:]minutes: seconds round up
+        lines.append(f"#BSUB -W {minutes // 60:02d}:{minutes % 60:02d}")
+    if job.queue:
+        lines.append(f"#BSUB -q {job.queue}")
+    if job.account:
+        lines.append(f"#BSUB -P {job.account}")
+    if job.mail_user:
+        lines.append(f"#BSUB -u {job.mail_user}")
+    if "begin" in job.mail_events:
+        lines.append("#BSUB -B")
+    if {"end", "fail"} & set(job.mail_events):
+        lines.append("#BSUB -N")  # LSF mails one report when the job ends, however it ended
+    lines.append(f"#BSUB -o {job.output or 'ringtrain-%J.out'}")
+    preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): `ringtrain run` reads the hosts from "
+                "$LSB_DJOB_HOSTFILE", "# and starts each node's ranks (over ssh on the other nodes)."]
+    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$LSB_DJOB_HOSTFILE"', [_launch_line(job)]))
 
 
 def render(job: JobScript) -> str:
     """The job script for ``job.scheduler``."""
-    return slurm_script(job) if job.scheduler == "slurm" else pbs_script(job)
+    return {"slurm": slurm_script, "pbs": pbs_script, "lsf": lsf_script}[job.scheduler](job)

@@ -24,6 +24,9 @@ import time
 import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 
+#: Set for the workers of ``ringtrain run --no-python``: the command is exec'd as it is. Not a
+#: ``RINGTRAIN_<DEST>`` flag variable, so a ``ringtrain run`` that a worker starts does not inherit the flag.
+NO_PYTHON_VARIABLE = "RINGTRAIN_WORKER_NO_PYTHON"
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -168,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
     os.environ.update(horovod_variables(os.environ))
     program, rest = argv[0], argv[1:]
+    if os.environ.pop(NO_PYTHON_VARIABLE, "") == "1":  # --no-python: the command runs as it is
+        os.execvp(program, [program, *rest])
     if is_python(program) and rest and (rest[0] in ("-m", "-c") or not rest[0].startswith("-")):
         if rest[0] in ("-m", "-c") and len(rest) < 2:
             os.execvp(sys.executable, [sys.executable, *rest])

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ringtrain.compression import Compression
+from ringtrain.engine.adasum import DTYPES as ADASUM_DTYPES
 from ringtrain.engine.requests import OpType
 from ringtrain.ops.requests import (
     REDUCE_DTYPES,
@@ -29,12 +30,12 @@ from ringtrain.process_sets import ProcessSet, global_process_set
 
 def _check_reduce(tensor: torch.Tensor, op: int) -> None:
     check_tensor(tensor, REDUCE_DTYPES)
-    if op == Adasum:
-        raise NotImplementedError(
-            "Adasum is not implemented in ringtrain (upstream it needs MPI). "
-            "HINT: use op=hvd.Average or op=hvd.Sum."
+    if op == Adasum and tensor.dtype not in ADASUM_DTYPES:
+        raise ValueError(
+            f"op=hvd.Adasum needs floating-point tensors; got {tensor.dtype}. "
+            "HINT: reduce this tensor with op=hvd.Sum or hvd.Average, or convert it with .float()."
         )
-    if op not in (Average, Sum, Min, Max, Product):
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
         raise ValueError(
             f"Unknown reduction op {op!r}. HINT: use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product."
         )

@@ -141,8 +141,12 @@ def is_homogeneous() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """MPI is never enabled in ringtrain."""
-    raise ValueError("Horovod MPI is not enabled; ringtrain runs on gloo/NCCL through torch.distributed.")
+    """False: ringtrain never runs on MPI, so mixing it with another MPI library's threads is not supported.
+
+    Horovod without MPI raises ValueError here; a script asking before it uses mpi4py gets a plain
+    answer instead (before ``init()`` too).
+    """
+    return False
 
 
 def mpi_enabled() -> bool:

@@ -3,13 +3,17 @@
 A mean of per-rank means is wrong whenever shards differ in size (a dataset not divisible by the
 number of ranks); and ``DistributedSampler`` pads the last shards with repeated items. So every rank
 adds up totals over its *real* items only, one allreduce sums them, and the division happens last.
+
+The running sums stay tensors on the model's device until they are read: converting every batch's
+loss to a Python float would make the host wait for the device each step (a CUDA sync), which keeps
+it from queueing the next step's work while this one computes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,22 +43,38 @@ class MetricTotals:
     correct: float = 0.0
     squared_error: float = 0.0
     count: float = 0.0
+    _pending: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """Sums of loss x items, correct and squared error added since the last ``flush``, on the device."""
 
     def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, task: str) -> None:
         """Add one batch (already cut to its real items); ``loss`` is the batch's mean loss."""
         n = int(targets.shape[0])
         if n == 0:
             return
-        self.loss_sum += float(loss.detach()) * n
         self.count += n
-        if task == "classification":
-            self.correct += float((outputs.detach().argmax(dim=-1) == targets).sum())
-        else:
-            diff = outputs.detach().float().reshape(targets.shape) - targets.float()
-            self.squared_error += float((diff * diff).sum())
+        with torch.no_grad():
+            if self._pending is None:
+                self._pending = torch.zeros(3, dtype=torch.float64, device=loss.device)
+            self._pending[0] += loss.detach().double() * n
+            if task == "classification":
+                self._pending[1] += (outputs.detach().argmax(dim=-1) == targets).sum()
+            else:
+                diff = outputs.detach().float().reshape(targets.shape) - targets.float()
+                self._pending[2] += (diff * diff).sum()
+
+    def flush(self) -> MetricTotals:
+        """Move the device-side sums into the float fields (one host-device sync); returns self."""
+        if self._pending is not None:
+            loss_sum, correct, squared_error = self._pending.tolist()
+            self.loss_sum += loss_sum
+            self.correct += correct
+            self.squared_error += squared_error
+            self._pending = None
+        return self
 
     def reduce(self, sum_fn: SumFn | None) -> MetricTotals:
         """The totals over all ranks (``sum_fn`` None: this rank alone)."""
+        self.flush()
         values = torch.tensor([self.loss_sum, self.correct, self.squared_error, self.count],
                               dtype=torch.float64)
         if sum_fn is not None:
@@ -64,16 +84,19 @@ class MetricTotals:
     @property
     def loss(self) -> float:
         """Mean loss per item (nan with no items)."""
+        self.flush()
         return self.loss_sum / self.count if self.count else float("nan")
 
     @property
     def accuracy(self) -> float:
         """Fraction of items classified right (nan with no items)."""
+        self.flush()
         return self.correct / self.count if self.count else float("nan")
 
     @property
     def rmse(self) -> float:
         """Root mean squared error of regression outputs (nan with no items)."""
+        self.flush()
         return math.sqrt(self.squared_error / self.count) if self.count else float("nan")
 
 

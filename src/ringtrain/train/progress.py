@@ -16,6 +16,8 @@ from typing import Any
 
 #: Seconds between two progress lines when stdout is not a terminal.
 LINE_INTERVAL_S = 10.0
+#: Seconds between two updates of the numbers shown beside a bar (tqdm redraws at most this often too).
+POSTFIX_INTERVAL_S = 0.5
 
 #: Set by ``ringtrain run`` when its console is a terminal that draws rank 0's bar live (launch.logs).
 LIVE_CONSOLE_VARIABLE = "RINGTRAIN_LIVE_CONSOLE"
@@ -33,6 +35,8 @@ class Progress:
                  interval_s: float = LINE_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._bar: Any = None
         self._lines = False
+        self._clock = clock
+        self._postfix_at = float("-inf")
         if enabled and bar_is_drawn():
             from tqdm.auto import tqdm
 
@@ -46,12 +50,18 @@ class Progress:
             self._done = self._first = initial
             self._start = self._last = clock()
 
-    def update(self, n: int = 1, **postfix: float) -> None:
-        """Advance by ``n`` batches and show the given numbers."""
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        """Advance by ``n`` batches and show the given numbers (floats or one-element tensors).
+
+        Tensors are converted only when a line or bar will show them: on other ranks, and with
+        progress off, a step never waits for its loss to reach the host.
+        """
         if self._bar is not None:
             self._bar.update(n)
-            if postfix:
-                self._bar.set_postfix({k: f"{v:.4f}" for k, v in postfix.items()}, refresh=False)
+            now = self._clock()
+            if postfix and now - self._postfix_at >= POSTFIX_INTERVAL_S:
+                self._postfix_at = now
+                self._bar.set_postfix({k: f"{float(v):.4f}" for k, v in postfix.items()}, refresh=False)
         elif self._lines:
             self._done += n
             now = self._clock()
@@ -60,7 +70,7 @@ class Progress:
                 rate = (self._done - self._first) / max(now - self._start, 1e-9)
                 line = (f"{self._description}: {self._done}/{self._total} batches "
                         f"({100 * self._done // max(self._total, 1)}%), {rate:.1f} batches/s")
-                line += "".join(f", {k} {v:.4f}" for k, v in postfix.items())
+                line += "".join(f", {k} {float(v):.4f}" for k, v in postfix.items())
                 sys.stdout.write(line + "\n")  # one write: ranks' lines must not interleave mid-line
                 sys.stdout.flush()
 

@@ -38,12 +38,16 @@ class Trainer:
     function are kept; the Trainer adds its own distributed sampler). ``scheduler`` is an optional
     ``optimizer -> LR scheduler`` factory, stepped after every optimizer step; it is called with the
     optimizer the strategy returns (Horovod wraps it), so it must not be built beforehand.
+    ``on_step`` is called with the Trainer after every optimizer step (``ringtrain bench`` times steps
+    with it); it runs on every rank and must not call collectives that other ranks do not call.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., torch.Tensor], train_data: Any, eval_data: Any = None,
-                 config: TrainerConfig | None = None, scheduler: SchedulerFactory | None = None) -> None:
+                 config: TrainerConfig | None = None, scheduler: SchedulerFactory | None = None,
+                 on_step: Callable[[Trainer], None] | None = None) -> None:
         self.config = config = config or TrainerConfig()
+        self.on_step = on_step
         if scheduler is not None and config.scale_lr and config.warmup_epochs > 0:
             raise ValueError("both a scheduler and warmup_epochs were given; only one can drive the learning "
                              "rate. HINT: drop warmup_epochs, or fold the warm-up into your scheduler.")
@@ -215,10 +219,12 @@ class Trainer:
                         self.scheduler.step()
                     self.step += 1
                     self.batch_in_epoch = b + 1
+                    if self.on_step is not None:
+                        self.on_step(self)
                     if (self.snapshots and c.save_every_steps and self.step % c.save_every_steps == 0
                             and self.batch_in_epoch < total_batches):
                         self.save_snapshot()
-                bar.update(1, loss=float(loss.detach()))
+                bar.update(1, loss=loss.detach())  # read (a device sync) only when a bar shows it
         finally:
             bar.close()
         return totals
@@ -264,7 +270,7 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """What a snapshot holds (collective: every rank must call it)."""
-        t = self._epoch_totals
+        t = self._epoch_totals.flush()
         states = rng.capture()
         return {
             "model": self.strategy.unwrap(self.train_model).state_dict(),

@@ -1,0 +1,15 @@
+"""``ringtrain bench``: the scaling table every tutorial makes by hand, with JSON, CSV, a plot and a model.
+
+A sweep runs a built-in workload (or any script) at several process counts and strategies,
+interleaved and repeated, against a single-process baseline; see docs/bench.md. Modules:
+
+- ``plan``: the checked settings and the ordered runs; ``sweep``: running them and writing outputs;
+- ``worker`` / ``link``: what runs inside a built-in run / the link probe;
+- ``records``: measurements and table rows; ``outputs``: table, JSON, CSV; ``plot``: scaling.png;
+- ``machine``: what it ran on; ``model`` / ``analysis``: the cost model, validation and projection;
+- ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s.
+"""
+
+from ringtrain.bench.hook import TAG, report
+
+__all__ = ["TAG", "report"]

@@ -1,0 +1,94 @@
+"""The one line a script prints to tell ``ringtrain bench`` how much it trained in how long.
+
+A script run by ``ringtrain bench -- python train.py`` is timed from start to exit (its wall time).
+To also get items/s with start-up and warm-up left out, it calls, on every rank (or on rank 0 only)::
+
+    import ringtrain.bench
+    ringtrain.bench.report(items=images_done, seconds=elapsed)   # after the timed part
+
+which prints one line to stdout::
+
+    RINGTRAIN_BENCH {"items": 20480, "seconds": 12.5, "rank": 0, "world_size": 2}
+
+Any program (not only Python) may print that line itself; the launcher's ``[rank]`` prefix and any
+other text before the tag are ignored. ``items`` counts what this process trained (not all ranks);
+``ringtrain bench`` adds up the ranks that reported and, when only some did, assumes the others were
+as fast (data-parallel ranks move in lockstep).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+from typing import Any
+
+TAG = "RINGTRAIN_BENCH"
+"""The marker at the start of a report line (after an optional launcher prefix)."""
+
+
+def _rank_and_size() -> tuple[int, int]:
+    """This process's rank and the job size, from the launcher's variables (0 and 1 for a plain run)."""
+    for rank_var, size_var in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("RANK", "WORLD_SIZE"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                               ("SLURM_PROCID", "SLURM_NTASKS")):
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                continue
+    return 0, 1
+
+
+def report(items: float, seconds: float, *, steps: int | None = None, gradient_bytes: int | None = None,
+           **extra: Any) -> str:
+    """Print this process's throughput for ``ringtrain bench`` (and return the printed line).
+
+    ``items``: samples (images, tokens, ...) this process trained in the timed part, warm-up left out.
+    ``seconds``: how long that took. ``steps`` (optimizer steps in those seconds) and
+    ``gradient_bytes`` (bytes of gradients allreduced per step) are optional; with both, the
+    scaling projection can use a user script too. Extra keyword values are kept in scaling.json.
+    """
+    if not (isinstance(items, int | float) and math.isfinite(items) and items >= 0):
+        raise ValueError(f"items={items!r} must be a finite number >= 0. HINT: pass the count of samples "
+                         "trained in the timed part, e.g. report(items=steps * batch_size, seconds=...).")
+    if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"seconds={seconds!r} must be a finite number > 0. HINT: pass the elapsed time "
+                         "of the timed part, e.g. time.perf_counter() - start.")
+    rank, world_size = _rank_and_size()
+    body: dict[str, Any] = {"items": items, "seconds": seconds, "rank": rank, "world_size": world_size,
+                            "host": socket.gethostname()}
+    if steps is not None:
+        body["steps"] = int(steps)
+    if gradient_bytes is not None:
+        body["gradient_bytes"] = int(gradient_bytes)
+    body.update(extra)
+    line = f"{TAG} {json.dumps(body, default=float)}"
+    # one write with its newline: lines of ranks sharing a pipe must not interleave mid-line
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    return line
+
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """The report carried by one output line, or None when the line holds none (or a broken one)."""
+    at = line.find(TAG + " ")
+    if at < 0:
+        return None
+    try:
+        body = json.loads(line[at + len(TAG) + 1:])
+    except json.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def parse_output(text: str) -> list[dict[str, Any]]:
+    """Every report in a run's output, in order."""
+    found = []
+    for line in text.splitlines():
+        body = parse_line(line)
+        if body is not None:
+            found.append(body)
+    return found

@@ -1,0 +1,201 @@
+"""The sweep's outputs: the terminal table, scaling.json, scaling.csv (every file written atomically).
+
+scaling.json holds everything: settings, machine, link, every raw run with its ranks' report lines,
+the table's rows, the model's inputs, its prediction for every measured row and the projection.
+scaling.csv holds the table, one row per (strategy, processes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ringtrain.bench.link import LinkFit, format_rate
+from ringtrain.bench.machine import one_line
+
+CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
+               "seconds_per_epoch", "wall_seconds", "items_per_second", "items_per_second_min",
+               "items_per_second_max", "speedup", "efficiency", "spread", "speedup_from", "model_efficiency",
+               "status")
+"""scaling.csv's header, in order."""
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fp:
+            fp.write(data.encode() if isinstance(data, str) else data)
+            fp.flush()
+            os.fsync(fp.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(body: dict[str, Any], path: Path) -> None:
+    write_atomic(path, json.dumps(_clean(body), indent=1, default=str) + "\n")
+
+
+def _num(value: Any, digits: int = 6) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def csv_text(body: dict[str, Any]) -> str:
+    """The table as CSV."""
+    settings = body.get("settings", {})
+    workload = settings.get("workload") or " ".join(settings.get("command", []))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in body.get("rows", []):
+        writer.writerow([workload, row["strategy"], row["np"], settings.get("scaling", ""), row["runs"],
+                         row["failed"], _num(row.get("seconds_per_step")), _num(row.get("seconds_per_epoch")),
+                         _num(row.get("wall_seconds")), _num(row.get("items_per_second")),
+                         _num(row.get("items_per_second_min")), _num(row.get("items_per_second_max")),
+                         _num(row.get("speedup")), _num(row.get("efficiency")), _num(row.get("spread")),
+                         row.get("speedup_from", ""), _num(row.get("model_efficiency")), row["status"]])
+    return buffer.getvalue()
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def _align(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+def heading(body: dict[str, Any]) -> list[str]:
+    """What was run, where, over which link."""
+    s = body.get("settings", {})
+    if s.get("workload"):
+        what = s["workload"] + (f" ({s['arch']})" if s.get("arch") else "")
+        timing = (f"{s['epochs']} epoch(s)" if s.get("epochs") else f"{s['steps']} timed steps") + \
+            f" after {s['warmup_steps']} warm-up step(s)"
+        what += f", {s['scaling']} scaling, {timing}"
+    else:
+        what = "script: " + " ".join(s.get("command", []))
+    lines = [f"ringtrain bench: {what}, {s.get('repeats')} repeat(s), "
+             f"{body.get('threads_per_process')} thread(s) per process"]
+    if body.get("machine"):
+        lines.append(f"machine: {one_line(body['machine'])}")
+    if s.get("hosts"):
+        lines.append("hosts: " + ",".join(f"{h['name']}:{h['slots']}" for h in s["hosts"]))
+    link = body.get("link")
+    if link and link.get("error"):
+        lines.append(f"link: not measured ({link['error']})")
+    elif link:
+        note = f"; {link['note']}" if link.get("note") else ""
+        lines.append(f"link ({link.get('kind')}): {LinkFit.from_dict(link).describe()}{note}")
+    return lines
+
+
+def table_text(body: dict[str, Any]) -> str:
+    """The measured table, as printed at the end of a sweep."""
+    rows = body.get("rows", [])
+    per_epoch = any(r.get("seconds_per_epoch") for r in rows)
+    has_items = any(r.get("items_per_second") is not None for r in rows)
+    has_model = any(r.get("model_efficiency") is not None for r in rows)
+    time_column = "time/epoch" if per_epoch else "time/step" if has_items else "wall time"
+    header = ["processes", "strategy", time_column, "items/s", "speedup", "efficiency", "spread",
+              *(["model"] if has_model else []), "status"]
+    table = [header]
+    for r in rows:
+        time_value = r.get("seconds_per_epoch") if per_epoch else r.get("seconds_per_step") if has_items \
+            else r.get("wall_seconds")
+        speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x"
+        if r.get("speedup_from") == "wall time" and r.get("speedup") is not None:
+            speedup += " (wall)"
+        line = [str(r["np"]), r["strategy"], _seconds(time_value),
+                "-" if r.get("items_per_second") is None else f"{r['items_per_second']:,.1f}",
+                speedup, "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}",
+                "-" if r.get("spread") is None else f"{100 * r['spread']:.1f}%"]
+        if has_model:
+            line.append("-" if r.get("model_efficiency") is None else f"{r['model_efficiency']:.2f}")
+        line.append(r["status"])
+        table.append(line)
+    lines = heading(body) + [""] + _align(table, right={0, 2, 3, 4, 5, 6} | ({7} if has_model else set()))
+    lines.append("")
+    lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
+                 "processes); spread: (max - min) / median over the repeats"
+                 + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
+    failures = [e for r in rows for e in r.get("errors", [])]
+    if failures:
+        lines.append("")
+        lines += [f"FAILED {e}" for e in failures]
+    if body.get("interrupted"):
+        lines.append("interrupted: the table holds the runs finished before Ctrl-C")
+    return "\n".join(lines) + "\n"
+
+
+def projection_text(body: dict[str, Any]) -> str:
+    """The projection, set apart and labelled as a model's output, not a measurement."""
+    projection = body.get("projection") or []
+    if not projection:
+        model = body.get("model") or {}
+        return f"projection: none ({model['error']})\n" if model.get("error") else ""
+    model = body["model"]
+    ranks = [p["ranks"] for p in projection[0]["points"]]
+    lines = ["PROJECTION: the cost model of docs/bench.md, NOT a measurement. Weak-scaling efficiency at "
+             "p ranks, one per device,",
+             f"from this machine's step time {model['compute_s'] * 1000:.1f} ms (backward "
+             f"{100 * model['backward_share']:.0f}%), {model['gradient_bytes'] / 2**20:.1f} MiB of gradients "
+             f"in {model['buckets']} bucket(s), ring allreduce overlapped with the backward pass."]
+    for fp16 in sorted({p["fp16"] for p in projection}):
+        table = [["interconnect", *(str(p) for p in ranks), "link"]]
+        for entry in (e for e in projection if e["fp16"] == fp16):
+            cells = [f"{pt['efficiency']:.2f}" + ("*" if pt["latency_bound"] else "")
+                     for pt in entry["points"]]
+            link = f"{format_rate(entry['beta_bytes_per_s'])}, {entry['alpha_s'] * 1e6:.3g} us"
+            table.append([entry["interconnect"], *cells, link])
+        lines += ["", f"{'fp16' if fp16 else 'fp32'} gradients:"]
+        lines += _align(table, right=set(range(1, len(ranks) + 1)))
+    lines.append("* latency-bound: real libraries switch to tree or hierarchical allreduce there, so the "
+                 "ring model is pessimistic")
+    return "\n".join(lines) + "\n"
+
+
+def validation_text(entries: list[dict[str, Any]], title: str = "MODEL VALIDATION") -> str:
+    """Predicted against measured efficiency for every configuration with a measured link."""
+    if not entries:
+        return ""
+    table = [["workload", "link", "strategy", "processes", "compute f", "measured", "model", "error"]]
+    for e in entries:
+        table.append([str(e.get("workload", "")), str(e.get("link", "")), e["strategy"], str(e["np"]),
+                      f"{e['oversubscription']:.2f}", f"{e['measured_efficiency']:.3f}",
+                      f"{e['predicted_efficiency']:.3f}", f"{e['error']:+.3f}"])
+    errors = [abs(e["error"]) for e in entries]
+    lines = [f"{title}: efficiency the cost model predicts against the measured one", *_align(
+        table, right={3, 4, 5, 6, 7}),
+        f"mean absolute error {sum(errors) / len(errors):.3f}, largest {max(errors):.3f} "
+        f"(efficiency points, over {len(errors)} configuration(s))"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,312 @@
+"""What a sweep will run: the checked settings (``BenchSettings``) and the ordered list of runs.
+
+Every run is a fresh process tree. The single-process baseline is a plain ``python`` process (no
+launcher, no process group); every other run goes through ``ringtrain run -np N`` (with ``-H`` or
+``--hostfile`` across hosts). Competitors are interleaved: each repeat visits every configuration
+once, so a machine whose speed drifts during the sweep slows all competitors alike, instead of
+whichever happened to run last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ringtrain.exceptions import UsageError
+
+STRATEGIES: dict[str, tuple[str, bool]] = {
+    # bench name: (Trainer strategy, fp16 gradients on the wire)
+    "single": ("ddp", False),  # world size 1: the Trainer starts no process group at all
+    "ddp": ("ddp", False),
+    "ddp-fp16": ("ddp", True),  # DDP's fp16_compress_hook
+    "horovod": ("horovod", False),
+    "horovod-fp16": ("horovod", True),  # DistributedOptimizer(compression=Compression.fp16)
+    # N copies of the baseline at once on this machine, no communication: the ceiling the machine allows
+    # (CPU clock under all-core load, shared caches and memory bandwidth, other users), not a way to train
+    "independent": ("ddp", False),
+}
+"""Strategy names ``--strategies`` accepts."""
+INDEPENDENT = "independent"
+
+BASELINE = "single"
+
+#: What a launcher or scheduler sets to make a process one rank of many. A plain run (the baseline,
+#: the independent copies) goes without them, so that inside a Slurm allocation or an mpirun it is
+#: still one process alone and not a rank waiting for others.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PALS_", "MV2_", "I_MPI_", "HYDRA_", "HOROVOD_",
+                     "TORCHELASTIC_", "PET_", "PBS_", "LSB_")
+LAUNCHER_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "SLURMD_NODENAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
+
+DEFAULT_STRATEGIES = ("single", "ddp", "horovod")
+DEFAULT_STEPS = 50
+DEFAULT_WARMUP = 5
+SCALINGS = ("weak", "strong")
+
+
+def plain_environment(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without the variables that would make a process a rank of a job."""
+    return {k: v for k, v in environ.items()
+            if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
+
+
+def parse_np(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4): sorted, without duplicates; anything else is a UsageError."""
+    values = []
+    for part in text.split(","):
+        word = part.strip()
+        if not word:
+            continue
+        try:
+            value = int(word)
+        except ValueError:
+            raise UsageError(f"--np {text}: {word!r} is not a whole number of processes. HINT: write a "
+                             "comma-separated list of process counts, e.g. --np 1,2,4.") from None
+        if value < 1:
+            raise UsageError(f"--np {text}: {value} processes cannot run anything; every count must be at "
+                             "least 1. HINT: write counts from 1 up, e.g. --np 1,2,4.")
+        values.append(value)
+    if not values:
+        raise UsageError(f"--np {text!r} lists no process count. HINT: write e.g. --np 1,2,4.")
+    return tuple(sorted(set(values)))
+
+
+def parse_strategies(text: str) -> tuple[str, ...]:
+    """``"single,horovod"`` -> the names in the given order; unknown names are a UsageError."""
+    names = []
+    for part in text.split(","):
+        name = part.strip()
+        if not name:
+            continue
+        if name not in STRATEGIES:
+            raise UsageError(f"--strategies {text}: {name!r} is not a strategy. HINT: choose from "
+                             f"{','.join(STRATEGIES)}, e.g. --strategies single,ddp,horovod.")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise UsageError(f"--strategies {text!r} names no strategy. HINT: e.g. --strategies single,horovod.")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host of a multi-host sweep and its process slots."""
+
+    name: str
+    slots: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchSettings:
+    """A checked ``ringtrain bench`` request."""
+
+    workload: str | None = None
+    """Built-in workload name, or None for a user command."""
+    command: tuple[str, ...] = ()
+    """The user's program (``python train.py ...``) when no workload is given."""
+    nps: tuple[int, ...] = (1, 2)
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    steps: int | None = None
+    epochs: int | None = None
+    warmup_steps: int = DEFAULT_WARMUP
+    scaling: str = "weak"
+    repeats: int = 3
+    arch: str | None = None
+    batch_size: int | None = None
+    """Weak scaling: items per step on each rank. Strong scaling: items per step over all ranks."""
+    data_dir: str | None = None
+    subset: int | None = None
+    threads: int | None = None
+    """torch threads per process (every rank and the baseline alike); None: cores / largest local -np."""
+    hosts: tuple[HostSpec, ...] = ()
+    """From -H or --hostfile; empty: this machine."""
+    launcher_options: tuple[str, ...] = ()
+    """Other ``ringtrain run`` options passed through (ssh port and key, interfaces, start timeout)."""
+    out: Path = Path("bench-results")
+    timeout_s: float = 1800.0
+    link_probe: bool = True
+    link_note: str | None = None
+    """Free text about the link, kept in scaling.json (e.g. how it was shaped)."""
+    interconnects: tuple[Any, ...] = ()
+    """Extra ``model.Interconnect`` entries for the projection."""
+    seed: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    argv: tuple[str, ...] = ()
+    """The command line as given (for scaling.json)."""
+
+    def __post_init__(self) -> None:
+        if self.workload is None and not self.command:
+            raise UsageError("nothing to benchmark. HINT: name a workload (ringtrain bench mnist --np 1,2) "
+                             "or a program after -- (ringtrain bench --np 1,2 -- python train.py).")
+        for name in ("repeats", "warmup_steps"):
+            value = getattr(self, name)
+            low = 1 if name == "repeats" else 0
+            if value < low:
+                raise UsageError(f"--{name.replace('_', '-')} {value} must be at least {low}. "
+                                 f"HINT: use e.g. --{name.replace('_', '-')} 3.")
+        if self.scaling not in SCALINGS:
+            raise UsageError(f"--scaling {self.scaling!r} is not known. HINT: use --scaling weak or strong.")
+        if self.steps is not None and self.epochs is not None:
+            raise UsageError(f"--steps {self.steps} and --epochs {self.epochs} were both given; a run is "
+                             "timed over one or the other. HINT: drop one of them.")
+        for name in ("steps", "epochs", "batch_size", "subset", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} {value} must be at least 1. HINT: use e.g. {flag} "
+                                 f"{ {'steps': 50, 'epochs': 1, 'batch_size': 64}.get(name, 1)}.")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout {self.timeout_s:g} must be > 0 seconds. "
+                             "HINT: use e.g. --timeout 1800.")
+        if self.workload is None:
+            given = [flag for flag, value in (("--steps", self.steps), ("--epochs", self.epochs),
+                                             ("--arch", self.arch), ("--batch-size", self.batch_size),
+                                             ("--data-dir", self.data_dir), ("--subset", self.subset))
+                     if value is not None]
+            if self.strategies != DEFAULT_STRATEGIES:
+                given.append("--strategies")
+            if self.scaling != "weak":
+                given.append("--scaling")
+            if given:
+                raise UsageError(f"{', '.join(given)} only apply to built-in workloads; a script decides "
+                                 "its own steps, model and strategy. HINT: drop them, or pass them to "
+                                 "your script after --.")
+        if self.hosts:
+            slots = sum(h.slots for h in self.hosts)
+            too_many = [n for n in self.nps if n > slots]
+            if too_many:
+                listing = ",".join(f"{h.name}:{h.slots}" for h in self.hosts)
+                raise UsageError(f"--np {','.join(map(str, self.nps))}: {too_many[0]} processes do not fit "
+                                 f"the {slots} slots of {listing}. HINT: lower --np to at most {slots}, "
+                                 "or give the hosts more slots.")
+        if self.scaling == "strong" and self.workload is not None and self.batch_size is not None:
+            uneven = [n for n in self.nps if self.batch_size % n]
+            if uneven:
+                raise UsageError(f"--batch-size {self.batch_size} (the global batch in strong scaling) does "
+                                 f"not split evenly over {uneven[0]} processes. HINT: use a batch size "
+                                 f"divisible by every --np value, e.g. --batch-size {_lcm(self.nps) * 16}.")
+
+    @property
+    def is_script(self) -> bool:
+        """True for a user command, False for a built-in workload."""
+        return self.workload is None
+
+    @property
+    def run_strategies(self) -> tuple[str, ...]:
+        """The baseline first, then the distributed competitors (a script has one: ``script``)."""
+        if self.is_script:
+            return (BASELINE, "script")
+        return (BASELINE, *(s for s in self.strategies if s != BASELINE))
+
+    def timed_steps(self) -> int | None:
+        """Timed optimizer steps per run (None with --epochs)."""
+        if self.epochs is not None:
+            return None
+        return self.steps if self.steps is not None else DEFAULT_STEPS
+
+    def threads_per_process(self, cores: int) -> int:
+        """torch threads of every process: as given, else the cores shared by the most local ranks."""
+        if self.threads is not None:
+            return self.threads
+        if self.hosts:
+            # ranks fill the hosts in order, so the first host holds the most of them
+            local = max(min(n, self.hosts[0].slots) for n in self.nps)
+        else:
+            local = max(self.nps)
+        return max(1, cores // max(1, local))
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values (for scaling.json)."""
+        return {"workload": self.workload, "command": list(self.command), "np": list(self.nps),
+                "strategies": list(self.run_strategies), "steps": self.timed_steps(), "epochs": self.epochs,
+                "warmup_steps": self.warmup_steps, "scaling": self.scaling, "repeats": self.repeats,
+                "arch": self.arch, "batch_size": self.batch_size, "data_dir": self.data_dir,
+                "subset": self.subset, "threads": self.threads, "seed": self.seed,
+                "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
+                "launcher_options": list(self.launcher_options), "timeout_s": self.timeout_s,
+                "link_note": self.link_note}
+
+
+def _lcm(values: Sequence[int]) -> int:
+    from math import lcm
+
+    return lcm(*values)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the sweep: a configuration (strategy, processes) in one repeat."""
+
+    index: int
+    """Position in the sweep (0-based)."""
+    repeat: int
+    strategy: str
+    np: int
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    copies: int = 1
+    """Plain processes started at once from ``argv`` (``independent``); 1 for everything else."""
+    plain: bool = False
+    """True when ``argv`` is not started by a launcher (its environment loses the launcher variables)."""
+
+    @property
+    def label(self) -> str:
+        """``np=2 horovod #1`` for progress lines and failure messages."""
+        return f"np={self.np} {self.strategy} #{self.repeat + 1}"
+
+
+def worker_spec(settings: BenchSettings, strategy: str, np: int, threads: int) -> dict[str, Any]:
+    """What ``python -m ringtrain.bench.worker`` runs (its ``--spec`` JSON)."""
+    trainer_strategy, fp16 = STRATEGIES[strategy]
+    batch = settings.batch_size
+    if settings.scaling == "strong" and batch is not None:
+        batch //= np
+    return {"workload": settings.workload, "arch": settings.arch, "strategy": trainer_strategy,
+            "fp16_allreduce": fp16, "bench_strategy": strategy, "batch_size": batch,
+            "strong_scaling_over": np if settings.scaling == "strong" else None,
+            "steps": settings.timed_steps(), "epochs": settings.epochs,
+            "warmup_steps": settings.warmup_steps, "threads": threads, "data_dir": settings.data_dir,
+            "subset": settings.subset, "seed": settings.seed, "phases": strategy == BASELINE}
+
+
+def launcher_argv(settings: BenchSettings, np: int, python: str = sys.executable) -> list[str]:
+    """``ringtrain run -np N`` with the placement options of the sweep."""
+    placement = ["-H", ",".join(f"{h.name}:{h.slots}" for h in settings.hosts)] if settings.hosts else []
+    return [python, "-m", "ringtrain", "run", "-np", str(np), *placement, *settings.launcher_options]
+
+
+def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executable) -> list[RunSpec]:
+    """Every run of the sweep, in the order to run them (interleaved, repeat by repeat)."""
+    configs: list[tuple[str, int]] = [(BASELINE, 1)]
+    for strategy in settings.run_strategies[1:]:
+        configs += [(strategy, n) for n in settings.nps if n > 1]
+    # within a repeat: by process count, so competitors at the same size run back to back
+    configs = [configs[0]] + sorted(configs[1:], key=lambda c: (c[1], settings.run_strategies.index(c[0])))
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **settings.extra_env}
+    runs = []
+    for repeat in range(settings.repeats):
+        for strategy, np in configs:
+            if settings.is_script:
+                program = list(settings.command)
+            else:
+                spec = json.dumps(worker_spec(settings, strategy, np, threads), separators=(",", ":"))
+                program = [python, "-m", "ringtrain.bench.worker", "--spec", spec]
+            plain = strategy in (BASELINE, INDEPENDENT)
+            argv = program if plain else [*launcher_argv(settings, np, python), *program]
+            runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=strategy, np=np, argv=tuple(argv),
+                                env=dict(env), copies=np if strategy == INDEPENDENT else 1, plain=plain))
+    return runs
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

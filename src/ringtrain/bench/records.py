@@ -1,0 +1,179 @@
+"""Measurements: one ``Measurement`` per run, and one ``Row`` per (strategy, processes) over repeats.
+
+A run's throughput comes from its ranks' report lines (:mod:`ringtrain.bench.hook`): the items of all
+ranks over the time of the slowest rank. Ranks that did not report are assumed as fast as those that
+did (data-parallel ranks move in lockstep; Horovod's synthetic benchmark reports rank 0 only). A run
+without any report line has only its wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ringtrain.bench.plan import BASELINE
+
+
+@dataclass
+class Measurement:
+    """One run of the sweep, as measured (or as it failed)."""
+
+    index: int
+    repeat: int
+    strategy: str
+    np: int
+    status: str = "ok"
+    """``ok`` or ``failed``."""
+    error: str | None = None
+    exit_code: int | None = None
+    wall_seconds: float | None = None
+    """From starting the process tree to its exit: start-up and warm-up included."""
+    argv: list[str] = field(default_factory=list)
+    log: str | None = None
+    """The run's output (stdout and stderr), relative to the output folder."""
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    """Every report line of the run, as the ranks printed them."""
+    items: float | None = None
+    """Items of all ranks in the timed part."""
+    seconds: float | None = None
+    """The timed part, on the slowest rank."""
+    steps: int | None = None
+    items_per_second: float | None = None
+    seconds_per_step: float | None = None
+    seconds_per_epoch: float | None = None
+    ranks_reported: int = 0
+    extrapolated: bool = False
+    """True when fewer ranks reported than ran (the others counted as equally fast)."""
+    hosts: list[str] = field(default_factory=list)
+    """Host of each reporting rank, in rank order."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> Measurement:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in body.items() if k in known})
+
+
+def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
+    """Fill ``m``'s throughput fields from its ranks' report lines (keeping the last per rank)."""
+    by_rank: dict[int, dict[str, Any]] = {}
+    for body in reports:
+        by_rank[int(body.get("rank", 0))] = body
+    m.reports = [by_rank[r] for r in sorted(by_rank)]
+    m.ranks_reported = len(by_rank)
+    m.hosts = [str(b.get("host", "")) for b in m.reports]
+    usable = [b for b in m.reports if isinstance(b.get("items"), int | float) and
+              isinstance(b.get("seconds"), int | float) and b["seconds"] > 0]
+    if not usable:
+        return
+    world = max([m.np, *(int(b.get("world_size", 1)) for b in usable)])
+    items = sum(float(b["items"]) for b in usable)
+    if len(usable) < world:
+        items = items / len(usable) * world
+        m.extrapolated = True
+    m.items = items
+    m.seconds = max(float(b["seconds"]) for b in usable)
+    m.items_per_second = items / m.seconds
+    steps = [int(b["steps"]) for b in usable if b.get("steps")]
+    if steps:
+        m.steps = min(steps)
+        m.seconds_per_step = m.seconds / m.steps
+    per_epoch = [b.get("items_per_epoch") for b in usable if b.get("items_per_epoch")]
+    if per_epoch and any(b.get("steps_per_epoch") for b in usable):
+        m.seconds_per_epoch = float(per_epoch[0]) / m.items_per_second
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class Row:
+    """One line of the table: a strategy at a process count, over its repeats."""
+
+    strategy: str
+    np: int
+    runs: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    items_per_second: float | None = None
+    """Median over the repeats that succeeded."""
+    items_per_second_min: float | None = None
+    items_per_second_max: float | None = None
+    seconds_per_step: float | None = None
+    seconds_per_epoch: float | None = None
+    wall_seconds: float | None = None
+    speedup: float | None = None
+    """Throughput over the baseline's (or the baseline's wall time over this one's, without throughput)."""
+    efficiency: float | None = None
+    """Speedup / processes."""
+    efficiency_min: float | None = None
+    efficiency_max: float | None = None
+    spread: float | None = None
+    """(max - min) / median of the throughput (or of the wall time) over the repeats."""
+    speedup_from: str = "throughput"
+    """``throughput`` (items/s) or ``wall time`` (a script that reported nothing)."""
+    model_efficiency: float | None = None
+    """What the cost model predicts for this configuration (filled in when a link was measured)."""
+
+    @property
+    def status(self) -> str:
+        if self.failed and self.failed == self.runs:
+            return "failed"
+        if self.failed:
+            return f"{self.failed}/{self.runs} failed"
+        return "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["status"] = self.status
+        return body
+
+
+def summarize(measurements: list[Measurement]) -> list[Row]:
+    """Rows in sweep order: the baseline, then by process count and strategy."""
+    rows: dict[tuple[str, int], Row] = {}
+    groups: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        key = (m.strategy, m.np)
+        groups.setdefault(key, []).append(m)
+        rows.setdefault(key, Row(m.strategy, m.np))
+    for key, runs in groups.items():
+        row = rows[key]
+        row.runs = len(runs)
+        good = [m for m in runs if m.ok]
+        row.failed = row.runs - len(good)
+        row.errors = [f"{m.strategy} np={m.np} #{m.repeat + 1}: {m.error}" for m in runs if not m.ok]
+        rates = [m.items_per_second for m in good if m.items_per_second is not None]
+        if rates:
+            row.items_per_second = statistics.median(rates)
+            row.items_per_second_min, row.items_per_second_max = min(rates), max(rates)
+            row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else 0.0
+        row.seconds_per_step = _median([m.seconds_per_step for m in good if m.seconds_per_step])
+        row.seconds_per_epoch = _median([m.seconds_per_epoch for m in good if m.seconds_per_epoch])
+        walls = [m.wall_seconds for m in good if m.wall_seconds is not None]
+        row.wall_seconds = _median(walls)
+        if not rates and len(walls) > 1:
+            row.spread = (max(walls) - min(walls)) / statistics.median(walls)
+    base = rows.get((BASELINE, 1))
+    for row in rows.values():
+        if base is None:
+            break
+        if row.items_per_second is not None and base.items_per_second:
+            row.speedup = row.items_per_second / base.items_per_second
+            row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
+            row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
+        elif row.items_per_second is None and row.wall_seconds and base.wall_seconds:
+            row.speedup = base.wall_seconds / row.wall_seconds
+            row.speedup_from = "wall time"
+        if row.speedup is not None:
+            row.efficiency = row.speedup / row.np
+    order = {s: i for i, s in enumerate(dict.fromkeys(m.strategy for m in measurements))}
+    return sorted(rows.values(), key=lambda r: (r.strategy != BASELINE, r.np, order[r.strategy]))

@@ -1,0 +1,158 @@
+"""One process of a built-in workload's benchmark run: ``python -m ringtrain.bench.worker --spec JSON``.
+
+The baseline runs it as a plain process; the other runs start it on every rank through ``ringtrain
+run``. It trains with the same ``Trainer`` as ``ringtrain train`` (no evaluation), times every
+optimizer step, leaves the warm-up steps out, and reports through :func:`ringtrain.bench.report`.
+The baseline also times forward, backward and optimizer step apart (the projection model needs
+the backward share of a step).
+
+Bad input exits 2 with the message on stderr; anything else is a crash with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ringtrain.bench.hook import report
+from ringtrain.bench.machine import boot_id, cpu_model
+from ringtrain.bench.plan import usable_cores
+
+
+def _rank_and_size() -> tuple[int, int]:
+    from ringtrain.env import detect_environment
+
+    placement = detect_environment().placement()
+    return placement.rank, placement.world_size
+
+
+def step_plan(items: int, world: int, batch: int, warmup: int, steps: int | None,
+              epochs: int | None) -> tuple[int, int | None, list[int]]:
+    """(epochs, max steps per epoch, items of this rank in each step) for a run of the Trainer.
+
+    With ``steps``: only whole batches (a short last batch would make steps unequal), and the
+    fewest epochs that hold ``warmup + steps`` steps, cut to equal lengths (so a few more steps may run;
+    they are timed too). With ``epochs``: whole epochs as ``ringtrain train`` runs them.
+    """
+    per_rank = math.ceil(items / world)  # DistributedSampler pads every rank to this
+    if steps is not None:
+        whole = per_rank // batch
+        if whole < 1:
+            raise ValueError(f"a batch of {batch} per process needs at least {batch * world} items on "
+                             f"{world} process(es); the dataset has {items}. HINT: lower --batch-size or "
+                             "use a larger --subset.")
+        total = warmup + steps
+        n_epochs = math.ceil(total / whole)
+        per_epoch = math.ceil(total / n_epochs)
+        return n_epochs, per_epoch, [batch] * (n_epochs * per_epoch)
+    assert epochs is not None
+    in_epoch = [min(batch, per_rank - j * batch) for j in range(math.ceil(per_rank / batch))]
+    return epochs, None, in_epoch * epochs
+
+
+def time_phases(model: torch.nn.Module, optimizer: Any, loss_fn: Any, features: Any, targets: Any,
+                repeats: int) -> dict[str, float]:
+    """Median seconds of forward, backward and optimizer step on one batch (one process, no comms)."""
+    from ringtrain.train.data import as_arguments
+
+    timings: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    model.train()
+    for _ in range(repeats + 1):  # the first round warms the allocator and is dropped
+        t0 = time.perf_counter()
+        loss = loss_fn(model(*as_arguments(features)), targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        for key, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):
+            timings[key].append(value)
+    return {key: statistics.median(values[1:]) for key, values in timings.items()}
+
+
+def run(spec: dict[str, Any]) -> str:
+    """Train as one process of the run described by ``spec``; returns the report line it printed."""
+    from ringtrain.train.config import TrainerConfig
+    from ringtrain.train.job import build_optimizer
+    from ringtrain.train.trainer import Trainer
+    from ringtrain.workloads import get_workload
+
+    rank, world = _rank_and_size()
+    workload = get_workload(spec["workload"])
+    train_ds, _ = workload.datasets(data_dir=spec.get("data_dir"), subset=spec.get("subset"),
+                                    seed=spec.get("seed", 0))
+    torch.manual_seed(spec.get("seed", 0))  # the same initial weights on every rank
+    model = workload.model(spec.get("arch"))
+    d = workload.defaults
+    batch = spec.get("batch_size") or d.batch_size
+    if spec.get("strong_scaling_over") and not spec.get("batch_size"):
+        batch = max(1, d.batch_size // spec["strong_scaling_over"])
+    optimizer = build_optimizer(d.optimizer, model.parameters(), d.lr, d.momentum, d.weight_decay)
+    warmup = int(spec.get("warmup_steps", 0))
+    epochs, per_epoch, step_items = step_plan(len(train_ds), world, batch, warmup, spec.get("steps"),
+                                              spec.get("epochs"))
+    config = TrainerConfig(epochs=epochs, batch_size=batch, strategy=spec["strategy"],
+                           fp16_allreduce=bool(spec.get("fp16_allreduce")), seed=spec.get("seed", 0),
+                           threads=spec.get("threads"), progress=False, max_steps_per_epoch=per_epoch,
+                           task=workload.task, device=spec.get("device"))
+    stamps: list[float] = []
+    trainer = Trainer(model, optimizer, workload.loss(), train_ds, None, config,
+                      on_step=lambda _: stamps.append(time.perf_counter()))
+    try:
+        start = time.perf_counter()
+        trainer.train()
+        phases = None
+        if spec.get("phases") and world == 1:
+            features, targets = next(iter(trainer.train_loader.epoch(0)))
+            phases = time_phases(trainer.model, trainer.optimizer, trainer.loss_fn, features, targets,
+                                 repeats=max(3, min(10, len(stamps) // 4)))
+    finally:
+        trainer.close()
+    if len(stamps) <= warmup:
+        raise RuntimeError(f"only {len(stamps)} steps ran, not more than the {warmup} warm-up steps")
+    # the timed part starts when the last warm-up step ends (or when training starts, without warm-up)
+    t0 = stamps[warmup - 1] if warmup else start
+    seconds = stamps[-1] - t0
+    timed = len(stamps) - warmup
+    items = sum(step_items[warmup:len(stamps)])
+    durations = [b - a for a, b in zip([t0, *stamps[warmup:-1]], stamps[warmup:])]
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return report(items=items, seconds=seconds, steps=timed, gradient_bytes=gradient_bytes,
+                  warmup_steps=warmup, batch_size=batch, step_seconds_median=statistics.median(durations),
+                  step_seconds_max=max(durations), items_per_epoch=math.ceil(len(train_ds) / world) * world,
+                  steps_per_epoch=len(step_items) // epochs if spec.get("epochs") else None,
+                  strategy=spec.get("bench_strategy"), threads=torch.get_num_threads(), cores=usable_cores(),
+                  cpu=cpu_model(), boot_id=boot_id(), python=platform.python_version(), phases=phases,
+                  pid=os.getpid())
+
+
+@record
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m ringtrain.bench.worker")
+    parser.add_argument("--spec", required=True, help="the run as JSON (written by ringtrain bench)")
+    args = parser.parse_args(argv)
+    from ringtrain.train.job import input_errors
+
+    try:
+        run(json.loads(args.spec))
+    except (*input_errors(), ValueError) as exc:
+        print(f"ringtrain bench: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The model on a sweep's own numbers: inputs from the baseline, a prediction per measured row."""
+
+import pytest
+
+from ringtrain.bench.analysis import annotate, link_applies, oversubscription, step_model
+from ringtrain.bench.model import StepModel, predict
+from ringtrain.bench.records import Measurement
+from tests.bench.helpers import measurement, report, sample_body
+
+
+def test_inputs_come_from_the_baseline():
+    runs = [measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 100.0)]
+    model = step_model(runs, fp16=False, strong=False)
+    assert model.compute_s == pytest.approx(0.1)  # 10 steps in 1 s
+    assert model.backward_s == pytest.approx(0.1 * 0.6)  # backward share of the timed phases
+    assert model.gradient_bytes == 1_572_864
+    assert step_model([measurement(0, "ddp", 2, 0, 1.0)], fp16=False, strong=False) is None
+
+
+def test_oversubscription_counts_ranks_per_host():
+    m = Measurement(index=0, repeat=0, strategy="horovod", np=4)
+    m.reports = [report(r, 4, 1, 1.0, host="a") for r in range(4)]
+    m.ranks_reported = 4
+    assert oversubscription(m) == 2.0  # 4 ranks x 1 thread on 2 cores
+    m.reports = [report(r, 4, 1, 1.0, host="ab"[r % 2]) for r in range(4)]
+    assert oversubscription(m) == 1.0
+
+
+def test_namespace_hosts_on_one_kernel_are_one_machine():
+    from ringtrain.bench.analysis import on_one_machine
+
+    m = Measurement(index=0, repeat=0, strategy="horovod", np=2)
+    m.reports = [report(r, 2, 1, 1.0, host="ab"[r], boot_id="k1") for r in range(2)]
+    m.ranks_reported = 2
+    assert on_one_machine(m)
+    assert on_one_machine(m, "k1")
+    assert not on_one_machine(m, "k2")
+    assert oversubscription(m) == 1.0  # 2 ranks x 1 thread on the 2 cores they share
+    m.reports[1]["boot_id"] = "k2"
+    assert not on_one_machine(m)
+
+
+def test_the_link_applies_to_runs_over_it():
+    local = Measurement(index=0, repeat=0, strategy="ddp", np=2, hosts=["a", "a"])
+    spread = Measurement(index=0, repeat=0, strategy="ddp", np=2, hosts=["a", "b"])
+    assert link_applies({"kind": "loopback"}, local)
+    assert not link_applies({"kind": "loopback"}, spread)
+    assert link_applies({"kind": "between hosts"}, spread)
+    assert not link_applies({"kind": "between hosts"}, local)
+    assert not link_applies({"error": "failed", "kind": "loopback"}, local)
+    assert not link_applies(None, local)
+
+
+def test_annotate_predicts_every_measured_row_and_projects():
+    body = sample_body()
+    annotate(body)
+    assert body["model"]["compute_s"] == pytest.approx(0.1)
+    expected = predict(StepModel(0.1, 0.06, 1_572_864, fp16=True), 2, 1e-4, 1e8).efficiency
+    fp16 = next(r for r in body["rows"] if r["strategy"] == "horovod-fp16")
+    assert fp16["model_efficiency"] == pytest.approx(expected)
+    entries = {e["strategy"]: e for e in body["validation"]}
+    assert set(entries) == {"ddp", "horovod-fp16"}
+    assert entries["ddp"]["error"] == pytest.approx(entries["ddp"]["predicted_efficiency"] - 0.8)
+    wires = {(p["interconnect"], p["fp16"]) for p in body["projection"]}
+    assert ("measured", False) in wires
+    assert ("NVLink4", True) in wires
+    assert ("25GbE", False) in wires
+
+
+def test_without_a_link_there_is_a_projection_but_no_validation():
+    body = sample_body(link=False)
+    annotate(body)
+    assert body["validation"] == []
+    assert body["projection"]
+    assert all(p["interconnect"] != "measured" for p in body["projection"])
+
+
+def test_without_a_baseline_the_model_says_what_it_needs():
+    body = sample_body()
+    body["runs"] = [r for r in body["runs"] if r["strategy"] != "single"]
+    annotate(body)
+    assert "gradient_bytes" in body["model"]["error"]
+    assert body["projection"] == []
+
+
+def test_independent_copies_give_the_measured_compute_slowdown():
+    from ringtrain.bench.records import summarize
+    from tests.bench.helpers import body
+
+    runs = [measurement(0, "single", 1, 0, 100.0), measurement(1, "independent", 2, 0, 80.0),
+            measurement(2, "ddp", 2, 0, 70.0)]
+    result = body(runs, {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8},
+                  strategies=("single", "independent", "ddp"))
+    result["rows"] = [r.as_dict() for r in summarize(runs)]
+    annotate(result)
+    (entry,) = result["validation"]
+    assert entry["compute_factor_from"] == "independent"
+    assert entry["oversubscription"] == pytest.approx(1 / 0.8)
+    expected = predict(StepModel(0.1, 0.06, 1_572_864), 2, 1e-4, 1e8, oversubscription=1 / 0.8)
+    assert entry["predicted_efficiency"] == pytest.approx(expected.efficiency)

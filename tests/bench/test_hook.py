@@ -1,0 +1,69 @@
+"""The report line: what ringtrain.bench.report prints, and how the sweep reads it back."""
+
+import json
+
+import pytest
+
+import ringtrain.bench
+from ringtrain.bench.hook import TAG, parse_line, parse_output
+
+
+def test_report_prints_one_parsable_line(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    line = ringtrain.bench.report(items=640, seconds=2.5, steps=10, gradient_bytes=1234, note="x")
+    out = capsys.readouterr().out
+    assert out == line + "\n"
+    assert out.startswith(TAG + " ")
+    body = json.loads(out[len(TAG) + 1:])
+    assert body["items"] == 640
+    assert body["seconds"] == 2.5
+    assert body["steps"] == 10
+    assert body["rank"] == 1
+    assert body["world_size"] == 4
+    assert body["gradient_bytes"] == 1234
+    assert body["note"] == "x"
+    assert body["host"]
+
+
+def test_a_plain_process_is_rank_0_of_1(capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    body = parse_line(ringtrain.bench.report(items=1, seconds=1.0))
+    assert (body["rank"], body["world_size"]) == (0, 1)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"items": -1, "seconds": 1.0}, "items=-1"),
+    ({"items": float("nan"), "seconds": 1.0}, "items=nan"),
+    ({"items": 10, "seconds": 0}, "seconds=0"),
+    ({"items": 10, "seconds": float("inf")}, "seconds=inf"),
+])
+def test_bad_values_are_refused_with_a_hint(kwargs, message):
+    with pytest.raises(ValueError, match="HINT") as info:
+        ringtrain.bench.report(**kwargs)
+    assert message in str(info.value)
+
+
+def test_parse_ignores_prefixes_other_lines_and_broken_reports():
+    text = "\n".join([
+        "epoch 1/1 ...",
+        f'[1] {TAG} {{"items": 5, "seconds": 1.0, "rank": 1}}',
+        f"{TAG} not json",
+        f'{TAG} [1, 2]',
+        f'{TAG} {{"items": 7, "seconds": 2.0, "rank": 0}}',
+    ])
+    assert [b["items"] for b in parse_output(text)] == [5, 7]
+    assert parse_line("no tag here") is None
+
+
+def test_the_hook_stays_callable_after_every_bench_module_is_imported():
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(ringtrain.bench.__path__):
+        importlib.import_module(f"ringtrain.bench.{module.name}")
+    assert callable(ringtrain.bench.report)

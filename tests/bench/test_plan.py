@@ -1,0 +1,127 @@
+"""Settings and planning: bad values are usage errors naming the fix; runs are interleaved."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ringtrain.bench.plan import (
+    BenchSettings,
+    HostSpec,
+    parse_np,
+    parse_strategies,
+    plan_runs,
+    worker_spec,
+)
+from ringtrain.exceptions import UsageError
+
+
+def test_np_is_sorted_and_deduplicated():
+    assert parse_np("4,1,2,2") == (1, 2, 4)
+    assert parse_np(" 1 , 8 ") == (1, 8)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("0,2", "--np 0,2: 0 processes"),
+    ("1,x", "--np 1,x: 'x' is not a whole number"),
+    ("-1", "--np -1"),
+    (",", "lists no process count"),
+])
+def test_bad_np_names_the_value_and_the_fix(text, message):
+    with pytest.raises(UsageError) as info:
+        parse_np(text)
+    assert message in str(info.value)
+    assert "HINT: " in str(info.value)
+
+
+def test_strategies_keep_order_and_refuse_unknown_names():
+    assert parse_strategies("horovod,single,horovod") == ("horovod", "single")
+    with pytest.raises(UsageError, match="'hvd' is not a strategy.*HINT"):
+        parse_strategies("single,hvd")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"steps": 5, "epochs": 1}, "--steps 5 and --epochs 1"),
+    ({"repeats": 0}, "--repeats 0"),
+    ({"steps": 0}, "--steps 0"),
+    ({"scaling": "huge"}, "--scaling 'huge'"),
+    ({"nps": (1, 3), "hosts": (HostSpec("a", 1), HostSpec("b", 1))}, "3 processes do not fit the 2 slots"),
+    ({"nps": (1, 3), "scaling": "strong", "batch_size": 64}, "does not split evenly over 3"),
+    ({"workload": None, "command": ("python", "x.py"), "steps": 5}, "--steps"),
+    ({"workload": None, "command": ()}, "nothing to benchmark"),
+])
+def test_settings_refuse_what_cannot_work(kwargs, message):
+    base = {"workload": "mnist", "nps": (1, 2)}
+    with pytest.raises(UsageError) as info:
+        BenchSettings(**{**base, **kwargs})
+    assert message in str(info.value)
+    assert "HINT: " in str(info.value)
+
+
+def test_runs_are_interleaved_repeat_by_repeat():
+    settings = BenchSettings(workload="mnist", nps=(1, 2, 4), strategies=("single", "ddp", "horovod"),
+                             repeats=2, steps=10)
+    runs = plan_runs(settings, threads=1, python="PY")
+    order = [(r.repeat, r.strategy, r.np) for r in runs]
+    one_repeat = [("single", 1), ("ddp", 2), ("horovod", 2), ("ddp", 4), ("horovod", 4)]
+    assert order == [(0, s, n) for s, n in one_repeat] + [(1, s, n) for s, n in one_repeat]
+    assert [r.index for r in runs] == list(range(len(runs)))
+
+
+def test_baseline_is_a_plain_process_and_others_go_through_the_launcher():
+    settings = BenchSettings(workload="mnist", nps=(2,), strategies=("horovod-fp16",), repeats=1,
+                             hosts=(HostSpec("hostA", 1), HostSpec("hostB", 1)),
+                             launcher_options=("-i", "key"))
+    base, dist = plan_runs(settings, threads=3, python="PY")
+    assert base.strategy == "single"
+    assert base.np == 1
+    assert base.argv[:3] == ("PY", "-m", "ringtrain.bench.worker")
+    assert dist.argv[:9] == ("PY", "-m", "ringtrain", "run", "-np", "2", "-H", "hostA:1,hostB:1", "-i")
+    spec = json.loads(dist.argv[dist.argv.index("--spec") + 1])
+    assert spec["strategy"] == "horovod"
+    assert spec["fp16_allreduce"] is True
+    assert spec["threads"] == 3
+    assert base.env["OMP_NUM_THREADS"] == "3"
+    assert dist.env["OMP_NUM_THREADS"] == "3"
+
+
+def test_independent_copies_and_user_commands():
+    settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("independent",), repeats=1)
+    _, copies = plan_runs(settings, threads=1, python="PY")
+    assert copies.copies == 2
+    assert copies.argv[0] == "PY"
+    script = BenchSettings(command=("python", "train.py", "--lr", "1"), nps=(1, 2), repeats=1)
+    base, dist = plan_runs(script, threads=1, python="PY")
+    assert base.argv == ("python", "train.py", "--lr", "1")
+    assert dist.argv[-4:] == ("python", "train.py", "--lr", "1")
+    assert "run" in dist.argv
+    assert dist.strategy == "script"
+
+
+def test_strong_scaling_splits_the_batch():
+    settings = BenchSettings(workload="mnist", nps=(1, 2, 4), scaling="strong", batch_size=64)
+    assert worker_spec(settings, "ddp", 4, threads=1)["batch_size"] == 16
+    assert worker_spec(BenchSettings(workload="mnist", batch_size=64), "ddp", 4, 1)["batch_size"] == 64
+
+
+def test_threads_default_to_cores_shared_by_the_most_local_ranks():
+    assert BenchSettings(workload="mnist", nps=(1, 2)).threads_per_process(cores=8) == 4
+    assert BenchSettings(workload="mnist", nps=(1, 4), threads=2).threads_per_process(cores=8) == 2
+    on_hosts = BenchSettings(workload="mnist", nps=(1, 4), hosts=(HostSpec("a", 2), HostSpec("b", 2)))
+    assert on_hosts.threads_per_process(cores=8) == 4
+    assert BenchSettings(workload="mnist", nps=(1, 16)).threads_per_process(cores=2) == 1
+
+
+def test_describe_is_plain_json():
+    body = BenchSettings(workload="mnist", out=Path("x")).describe()
+    assert json.loads(json.dumps(body))["np"] == [1, 2]
+
+
+def test_plain_runs_lose_the_variables_that_make_a_rank():
+    from ringtrain.bench.plan import plain_environment
+
+    environ = {"PATH": "/bin", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "2",
+               "MASTER_ADDR": "x", "OMPI_COMM_WORLD_RANK": "0", "HOROVOD_RANK": "0", "OMP_NUM_THREADS": "1"}
+    assert plain_environment(environ) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("independent", "ddp"), repeats=1)
+    assert [r.plain for r in plan_runs(settings, threads=1)] == [True, True, False]

@@ -1,0 +1,130 @@
+"""``ringtrain bench``: a real MNIST sweep offline, a user script, bad input, the validation mode."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringtrain.bench.outputs import CSV_COLUMNS
+from ringtrain.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringtrain", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
+    out = tmp_path / "mnist"
+    result = _bench("mnist", "--np", "1,2", "--steps", "12", "--warmup-steps", "2", "--repeats", "1",
+                    "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout
+    assert "processes  strategy" in table
+    assert "PROJECTION" in table
+    assert "MODEL VALIDATION" in table
+    body = json.loads((out / "scaling.json").read_text())
+    assert body["schema"] == "ringtrain.bench/1"
+    assert body["settings"]["np"] == [1, 2]
+    assert body["settings"]["steps"] == 12
+    for key in ("cpu", "cores", "gpus", "torch", "ringtrain", "date"):
+        assert key in body["machine"]
+    assert body["link"]["alpha_s"] >= 0
+    assert body["link"]["beta_bytes_per_s"] > 0
+    assert len(body["link"]["samples"]) >= 2
+    runs = {r["strategy"]: r for r in body["runs"]}
+    assert set(runs) == {"single", "ddp", "horovod"}
+    for run in runs.values():
+        assert run["status"] == "ok"
+        assert run["items_per_second"] > 0
+        assert run["steps"] >= 12
+        assert run["ranks_reported"] == run["np"]
+        assert (out / run["log"]).exists()
+    assert runs["single"]["reports"][0]["phases"]["backward"] > 0
+    assert runs["single"]["reports"][0]["gradient_bytes"] > 0
+    rows = {r["strategy"]: r for r in body["rows"]}
+    assert rows["single"]["efficiency"] == 1.0
+    assert rows["horovod"]["efficiency"] == pytest.approx(rows["horovod"]["speedup"] / 2)
+    assert rows["horovod"]["model_efficiency"] is not None
+    assert {e["strategy"] for e in body["validation"]} == {"ddp", "horovod"}
+    assert {p["interconnect"] for p in body["projection"]} >= {"25GbE", "100GbE", "IB-HDR200", "NVLink4"}
+    with (out / "scaling.csv").open() as fp:
+        csv_rows = list(csv.DictReader(fp))
+    assert tuple(csv_rows[0]) == CSV_COLUMNS
+    assert len(csv_rows) == 3
+    assert (out / "scaling.png").read_bytes().startswith(PNG)
+
+
+@pytest.mark.slow
+def test_a_user_script_is_benchmarked_with_its_reports(tmp_path):
+    out = tmp_path / "script"
+    result = _bench("--np", "1,2", "--repeats", "1", "--no-link-probe", "--out", str(out), "--",
+                    sys.executable, "examples/synthetic_benchmark.py", "--model", "mnist-cnn",
+                    "--batch-size", "8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+                    "--num-iters", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    body = json.loads((out / "scaling.json").read_text())
+    assert body["settings"]["command"][1] == "examples/synthetic_benchmark.py"
+    runs = {r["np"]: r for r in body["runs"]}
+    assert runs[1]["strategy"] == "single"
+    assert runs[2]["strategy"] == "script"
+    assert runs[1]["items"] == 32
+    assert runs[2]["items"] == 64
+    assert runs[2]["ranks_reported"] == 2
+    rows = {r["np"]: r for r in body["rows"]}
+    assert rows[2]["speedup_from"] == "throughput"
+    assert rows[2]["efficiency"] > 0
+    assert (out / "scaling.png").exists()
+    assert (out / "scaling.csv").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["mnist", "--np", "0,2"], "--np 0,2"),
+    (["mnist", "--np", "1,x"], "--np 1,x: 'x'"),
+    (["mnist", "--strategies", "single,dpp"], "'dpp' is not a strategy"),
+    (["mnist", "--epochs", "1", "--steps", "5"], "--steps 5 and --epochs 1"),
+    (["mnsit", "--np", "1,2"], "'mnsit' is neither a built-in workload"),
+    (["mnist", "--np", "1,3", "--scaling", "strong", "--batch-size", "64"], "does not split evenly over 3"),
+    (["mnist", "--np", "1,3", "-H", "a:1,b:1"], "3 processes do not fit the 2 slots"),
+    (["mnist", "--arch", "vgg"], "--arch 'vgg'"),
+    (["mnist", "--subset", "50", "--batch-size", "64", "--np", "1,2"],
+     "needs 64 training items; mnist has 50"),
+    (["mnist", "--interconnect", "fast"], "--interconnect 'fast'"),
+    (["--np", "1,2", "--", "python", "no/such/train.py"], "script not found"),
+    (["--np", "1,2", "--steps", "5", "--", "python", "-c", "pass"], "only apply to built-in workloads"),
+    ([], "nothing to benchmark"),
+])
+def test_bad_input_exits_2_naming_the_value_and_the_fix(capsys, argv, message):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "HINT" in err
+    assert "Traceback" not in err
+
+
+def test_validate_reads_sweeps_and_reports_the_error(tmp_path, capsys):
+    from ringtrain.bench.outputs import write_json
+    from tests.bench.helpers import sample_body
+
+    for name in ("a", "b"):
+        write_json(sample_body(), tmp_path / name / "scaling.json")
+    assert main(["bench", "--validate", str(tmp_path / "a"), str(tmp_path / "b"), "--out",
+                 str(tmp_path / "v")]) == 0
+    out = capsys.readouterr().out
+    assert "MODEL VALIDATION" in out
+    assert "mean absolute error" in out
+    saved = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert len(saved["entries"]) == 4
+    assert saved["max_absolute_error"] >= saved["mean_absolute_error"]
+
+
+def test_validate_refuses_folders_without_sweeps(tmp_path, capsys):
+    assert main(["bench", "--validate", str(tmp_path)]) == 2
+    assert "HINT" in capsys.readouterr().err
