@@ -206,6 +206,18 @@ def test_failing_rank_is_reported_once_as_root_cause(tmp_path, capsys):
     assert "ValueError: rank one gives up" in err
 
 
+def test_a_failed_ranks_traceback_appears_once(tmp_path, capsys):
+    # once in the rank's own output (relayed) and once in the report, it was shown twice
+    code = main(["run", "-np", "2", REPORT_ENV, str(tmp_path), "fail"])
+    captured = capsys.readouterr()
+    both = captured.out + captured.err
+    assert code == 1
+    assert both.count('raise ValueError("rank one gives up")') == 1
+    assert both.count("Traceback (most recent call last)") == 1
+    # the rank's own output still says where it failed, in one line
+    assert "[1] ValueError: rank one gives up (traceback in the launcher's failure report)" in captured.err
+
+
 def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):
     # Two "hosts" that are both this machine: one agent each, joined by the static rendezvous.
     code = main(["run", "-H", "localhost:2,127.0.0.1:1", sys.executable, REPORT_ENV, str(tmp_path), "fail"])

@@ -18,10 +18,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -138,9 +138,19 @@ def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: st
         trace = str(extra.get("py_callstack", ""))
         with contextlib.suppress(TypeError, ValueError):
             when = float(extra.get("time", extra.get("timestamp", when)))
-    return RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
-                       pid=failure.pid, time=when, message=message, traceback=trace,
-                       output_tail="" if trace else _tail(stderr_path))
+    found = RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                        pid=failure.pid, time=when, message=message, traceback=trace,
+                        output_tail="" if trace else _tail(stderr_path))
+    if asks_for_gpu(found) and not _cuda_visible():
+        found = replace(found, hint=no_gpu_hint(host))
+    return found
+
+
+def _cuda_visible() -> bool:
+    """``torch.cuda.is_available()`` on this host (the rank's), asked only when a rank failed."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def run_node(spec: NodeSpec, command: list[str]) -> int:
@@ -154,11 +164,13 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
     from torch.distributed.launcher.api import launch_agent
 
-    from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
+    from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
 
     host = spec.host or socket.gethostname()
     log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
-    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee)
+    relay = ConsoleRelay(sys.stdout, sys.stderr)
+    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
+                         relay=relay)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1)), **spec.rdzv_conf}
     if spec.rdzv_backend == "static":
         rdzv_configs["rank"] = spec.node_rank
@@ -166,9 +178,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nproc_per_node=spec.nproc, logs_specs=logs,
         run_id=spec.run_id, role="ringtrain", rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_backend=spec.rdzv_backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
-        monitor_interval=0.1, log_line_prefix_template=LINE_PREFIX, local_addr=spec.local_addr,
+        monitor_interval=0.1, local_addr=spec.local_addr,
     )
-    env = dict(spec.env)
+    env = {**relay.worker_variables(), **spec.env}
     # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
@@ -176,9 +188,16 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
     try:
         with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
-            launch_agent(torch_config, sys.executable, args)
+            relay.start()
+            try:
+                launch_agent(torch_config, sys.executable, args)
+            finally:
+                relay.stop()  # every rank's output is out before a failure report follows it
         return 0
     except ChildFailedError as exc:
+        if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
+            # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
+            return 128 + signal.SIGINT
         failures = [_failure_from(rank, pf, host,
                                   _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
                     for rank, pf in exc.failures.items()]

@@ -8,12 +8,16 @@ all hosts and prints that one.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 MARKER = "@@RINGTRAIN_FAILURE@@ "
+
+#: Words in an error that mean the rank asked for a GPU (CUDA tensors, NCCL, the NVIDIA driver).
+_GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     output_tail: str = ""
+    hint: str = ""
+    """What to do about it, when the cause is known (``HINT: ...``)."""
 
     def status(self) -> str:
         """``exit code 3`` or ``signal SIGKILL`` (negative exit codes are signals)."""
@@ -53,6 +59,20 @@ class RankFailure:
             return cls(**json.loads(line[len(MARKER):]))
         except (ValueError, TypeError):
             return None
+
+
+def asks_for_gpu(failure: RankFailure) -> bool:
+    """Whether the rank's error (or, without one, its last line of output) is about CUDA, NCCL or a GPU."""
+    last_line = (failure.output_tail.strip().splitlines() or [""])[-1]
+    return bool(_GPU_WORDS.search(failure.message or last_line))
+
+
+def no_gpu_hint(host: str) -> str:
+    """The hint for a rank that asked for CUDA or NCCL on a host where torch sees no CUDA device."""
+    return (f"no CUDA device is visible here (host {host}: torch.cuda.is_available() is False), but the "
+            "rank asked for CUDA or NCCL. HINT: on CPU use the gloo backend and CPU tensors (ringtrain train "
+            "--device cpu; drop .cuda() and torch.cuda.set_device; init_process_group('gloo')), or run on a "
+            "host with a GPU and a CUDA build of torch.")
 
 
 def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
@@ -84,6 +104,8 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
     if detail:
         lines.append("  traceback  :" if root.traceback else "  last output:")
         lines.extend("    " + line for line in detail.rstrip().splitlines())
+    if root.hint:
+        lines.append(f"  hint       : {root.hint}")
     if total_failed > 1:
         lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
     else:
