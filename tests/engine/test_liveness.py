@@ -192,7 +192,7 @@ _WORKER = textwrap.dedent("""
             if i == 20:
                 open(os.environ["READY_FILE"] + f".{rank}", "w").close()
     except HorovodInternalError as exc:
-        sys.stdout.write(f"HorovodInternalError on rank {rank}: {exc}\\n")
+        sys.stdout.write(f"HorovodInternalError on rank {rank} at {time.time()!r}: {exc}\\n")
         sys.stdout.flush()
     hvd.shutdown()
     sys.stdout.write(f"exited {rank}\\n")
@@ -227,6 +227,7 @@ def test_every_survivor_raises_naming_the_rank_that_was_killed_or_hung(tmp_path,
         _wait_ready(tmp_path, size, procs)
         time.sleep(random.random())  # a random moment of the loop
         procs[victim].send_signal(sig)
+        signalled = time.time()
         outputs = {}
         for rank, proc in enumerate(procs):
             if rank != victim:
@@ -238,5 +239,7 @@ def test_every_survivor_raises_naming_the_rank_that_was_killed_or_hung(tmp_path,
             proc.wait()
     for rank, out in outputs.items():
         assert f"HorovodInternalError on rank {rank}" in out, out
+        raised = float(out.split(f"HorovodInternalError on rank {rank} at ", 1)[1].split(":", 1)[0])
+        print(f"rank {rank} raised {raised - signalled:.1f} s after rank {victim} got {sig.name}")
         assert f"rank {victim} on host {socket.gethostname()}" in out, out
         assert f"exited {rank}" in out, out

@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "mnist_cnn_multihost.py"
 MNIST = SHARED_DATA / "mnist"
-#: RINGTRAIN_PEER_TIMEOUT_SECONDS of these jobs (the default, 20 s, is what docs/failures.md measures;
-#: a smaller one keeps the suite short).
-PEER_TIMEOUT = 8
+#: RINGTRAIN_PEER_TIMEOUT_SECONDS of these jobs: smaller than the default (20 s) to keep the suite short;
+#: RINGTRAIN_TEST_PEER_TIMEOUT=20 measures the default (``-s`` prints how long each job took to end).
+PEER_TIMEOUT = float(os.environ.get("RINGTRAIN_TEST_PEER_TIMEOUT", "8"))
 #: The documented bound for the launcher to end after a fault: the peer timeout plus the agents'
 #: shutdown grace (docs/failures.md); a job gets twice that on a loaded machine.
 LAUNCHER_BOUND = PEER_TIMEOUT + 30
@@ -101,18 +101,34 @@ def agent_pid(hosts: NamespaceHosts, host: str) -> int | None:
     return None
 
 
+#: A plain torch.distributed job (no ringtrain engine): only the launcher can bound its failures.
+DDP_LOOP = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+step = 0
+while True:
+    dist.all_reduce(torch.ones(10_000))
+    step += 1
+    if step % 4 == 0 and dist.get_rank() == 0:
+        print(f"ddp step {step} ", flush=True)
+    time.sleep(0.05)
+"""
+
+
 class Job:
-    """``ringtrain run -np 2 -H hostA:1,hostB:1`` of the multi-host MNIST example, started on hostA."""
+    """``ringtrain run -np 2 -H hostA:1,hostB:1`` of the multi-host MNIST example (or ``command``),
+    started on hostA."""
 
     def __init__(self, hosts: NamespaceHosts, tmp_path: Path, *extra: str, epochs: int = 1000,
-                 samples: int = 1024, env: dict[str, str] | None = None) -> None:
+                 samples: int = 1024, env: dict[str, str] | None = None,
+                 command: tuple[str, ...] | None = None) -> None:
         self.log = tmp_path / "launcher.log"
-        argv = ringtrain_argv("run", "-np", "2", "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
-                              "--start-timeout", "120", *extra, sys.executable, str(EXAMPLE),
-                              "--data-dir", str(MNIST), "--train-samples", str(samples),
-                              "--test-samples", "200", "--lr", "0.05", "--log-every", "4",
+        command = command or (sys.executable, str(EXAMPLE), "--data-dir", str(MNIST), "--train-samples",
+                              str(samples), "--test-samples", "200", "--lr", "0.05", "--log-every", "4",
                               "--epochs", str(epochs))
-        variables = {"RINGTRAIN_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT), **(env or {})}
+        argv = ringtrain_argv("run", "-np", "2", "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
+                              "--start-timeout", "120", *extra, *command)
+        variables = {"RINGTRAIN_PEER_TIMEOUT_SECONDS": f"{PEER_TIMEOUT:g}", **(env or {})}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(hosts.command("hostA", argv), stdout=out, stderr=subprocess.STDOUT,
                                          env=clean_env(variables), cwd=ROOT)
@@ -172,6 +188,22 @@ def test_link_cut_for_good_ends_the_job_naming_the_unreachable_host(hosts, tmp_p
     said = ("rank 1 on host hostB has given no sign of life", "lost contact with host hostB")
     assert any(words in output for words in said), output
     # hostB's side ends by itself too, across the cut: its ranks lose rank 0, its agent the launcher
+    assert_no_process_left(hosts)
+
+
+def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
+    # No engine, no heartbeats between the ranks: the launcher's ssh probes and the agents' watch of
+    # the launcher's beats bound it (a rank blocked in gloo would wait 30 minutes).
+    job = Job(hosts, tmp_path, command=(sys.executable, "-c", DDP_LOOP))
+    try:
+        job.wait_training()
+        hosts.set_link(False)
+        code, seconds = job.wait(timeout=2 * LAUNCHER_BOUND)
+    finally:
+        job.kill()
+    output = job.output()
+    assert code != 0, output
+    assert "lost contact with host hostB" in output, output
     assert_no_process_left(hosts)
 
 

@@ -146,10 +146,15 @@ def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, m
     # The driver beats on the agent's stdin; a link cut leaves the pipe open but silent.
     monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "2")
     agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
-    try:
-        agent.proc.stdin.write("\n")
+
+    def started() -> bool:
+        agent.proc.stdin.write("\n")  # the driver's beat, until the ranks run; then silence
         agent.proc.stdin.flush()
-        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None)
+        return len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None
+
+    try:
+        assert wait_until(started)
+        assert agent.proc.poll() is None, agent.err.read_text()
         pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
         assert agent.proc.wait(timeout=120) == 128 + signal.SIGTERM  # stdin still open, only silent
         assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30)

@@ -36,8 +36,10 @@ from ringtrain.launch.worker_entry import is_python
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
 SHUTDOWN_GRACE = 30.0
-#: Most seconds between two heartbeats a driver writes to each agent's stdin.
+#: Most seconds between two heartbeats a driver writes to each agent's stdin (and back, on stderr).
 BEAT_INTERVAL = 1.0
+#: The line a driven agent writes on stderr every second: the driver hears that its host is there.
+ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 
 
 def check_command(command: Sequence[str]) -> None:
@@ -132,12 +134,30 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
         failure_marker=driven, verbose=config.verbose,
     )
-    watcher = _watch_stdin(read_knob("peer_timeout_s", environ), spec.host or socket.gethostname()) \
-        if driven else None
+    watcher = None
+    if driven:
+        peer_timeout = read_knob("peer_timeout_s", environ)
+        watcher = _watch_stdin(peer_timeout, spec.host or socket.gethostname())
+        _beat_to_driver(min(BEAT_INTERVAL, peer_timeout / 4))
     try:
         return run_node(spec, list(config.command))
     finally:
         del watcher
+
+
+def _beat_to_driver(interval: float) -> threading.Thread:
+    """Write :data:`ALIVE_LINE` on stderr every ``interval`` s: the driver's sign that this host is
+    reachable (it reports a host it has not heard from for RINGTRAIN_PEER_TIMEOUT_SECONDS as lost)."""
+    def beat() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                sys.stderr.write(ALIVE_LINE + "\n")
+                sys.stderr.flush()
+                time.sleep(interval)
+
+    thread = threading.Thread(target=beat, name="ringtrain-alive", daemon=True)
+    thread.start()
+    return thread
 
 
 def _watch_stdin(silence_s: float, host: str) -> threading.Thread:
@@ -170,10 +190,16 @@ def _watch_stdin(silence_s: float, host: str) -> threading.Thread:
         os.kill(os.getpid(), signal.SIGTERM)
         while True:
             time.sleep(1.0)
-            if not live_children(os.getpid()):
+            children = live_children(os.getpid())
+            if not children:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(128 + signal.SIGTERM)
+            # A stopped rank (SIGSTOP, a debugger) takes the agent's SIGTERM only once it runs again;
+            # without this it would be killed only after the agent's 30 s grace.
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
@@ -256,6 +282,10 @@ class _Node:
         self.errors: list[str] = []
         #: When this agent was seen to end with an error before the driver asked anything of it.
         self.ended_early: float | None = None
+        #: When its last sign of life arrived (None until the first: an agent that never beats is not
+        #: judged), and whether the driver gave up on hearing from it.
+        self.heard: float | None = None
+        self.silent_for: float | None = None
         self._stopping = False
         with contextlib.suppress(OSError, AttributeError):
             os.set_blocking(self.proc.stdin.fileno(), False)  # type: ignore[union-attr]
@@ -269,6 +299,9 @@ class _Node:
     def _relay(self, stream: object, dest: object, is_err: bool) -> None:
         for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
             line = raw.decode(errors="replace")
+            if is_err and line.rstrip("\n") == ALIVE_LINE:
+                self.heard = time.monotonic()
+                continue
             failure = RankFailure.from_marker(line.rstrip("\n")) if is_err else None
             with self.lock:
                 if failure is not None:
@@ -292,7 +325,11 @@ class _Node:
         tail = [line.strip() for line in self.errors if line.strip()]
         last = tail[-1] if tail else ""
         code = self.proc.returncode
-        if self.remote and code == 255 and ("not responding" in last or "timed out" in last.lower()):
+        if self.silent_for is not None:
+            message = (f"lost contact with host {self.host}: no word from its agent for "
+                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or the "
+                       "network to it is cut")
+        elif self.remote and code == 255 and ("not responding" in last or "timed out" in last.lower()):
             message = (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network "
                        "to it is cut)")
         elif self.remote and code == 255:
@@ -306,7 +343,19 @@ class _Node:
             message = f"the agent of node {self.index} ({how}) ended without a report"
         return RankFailure(host=self.host, rank=-1, local_rank=-1, exitcode=code if code is not None else -1,
                            pid=self.proc.pid, time=self.ended_early or time.time(),
-                           output_tail="".join(self.errors), message=message)
+                           output_tail="".join(self.errors), message=message,
+                           state="unreachable" if self.silent_for is not None else "")
+
+    def check_silence(self, limit: float) -> bool:
+        """True (once) when the agent, heard before, has said nothing for ``limit`` s: its host is lost."""
+        if self.heard is None or self.silent_for is not None or self.proc.poll() is not None:
+            return False
+        silent = time.monotonic() - self.heard
+        if silent <= limit:
+            return False
+        self.silent_for = silent
+        self.ended_early = time.time()
+        return True
 
     def stop(self) -> None:
         """Ask the agent to stop its ranks: EOF on its stdin (also over ssh), SIGTERM when local."""
@@ -385,10 +434,15 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 for p in procs:
                     p.beat()
                 next_beat = now + beat_interval
+            lost_contact = False
             for p in procs:
                 if stopping_since is None and p.ended_early is None and p.proc.poll() not in (None, 0):
                     p.ended_early = time.time()
-            bad = stop_signal or failures or any(p.proc.poll() not in (None, 0) for p in procs)
+                if stopping_since is None and p.check_silence(peer_timeout):
+                    lost_contact = True
+                    p.kill()  # its ssh waits on a dead connection: nothing more will come through it
+            bad = (stop_signal or failures or lost_contact
+                   or any(p.proc.poll() not in (None, 0) for p in procs))
             if bad and stopping_since is None:
                 stopping_since = time.monotonic()
                 for p in procs:
