@@ -140,6 +140,15 @@ def test_a_wait_on_gloo_work_ends_once_the_job_is_aborted():
     assert work.waits >= 2  # expired slices were waited again, not taken for a failure
 
 
+def test_a_long_wait_on_live_peers_is_not_silent(monkeypatch, caplog):
+    monkeypatch.setattr(liveness, "LONG_WAIT_S", 0.0)
+    abort = liveness.Abort()
+    threading.Timer(0.3, abort.trigger, args=("stop",)).start()
+    with caplog.at_level("WARNING", logger="ringtrain.engine"), pytest.raises(ControlPlaneError):
+        liveness.wait_work(_StuckWork(), abort, what="an allgather")
+    assert caplog.text.count("an allgather has waited") == 1
+
+
 def test_a_failed_gloo_work_raises_its_own_error():
     class Failed(_StuckWork):
         def wait(self, timeout):

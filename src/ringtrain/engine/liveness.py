@@ -54,6 +54,8 @@ MAX_INTERVAL_S = 1.0
 FULL_WATCH_RANKS = 64
 #: How often a thread blocked on gloo work checks whether the job has failed.
 WAIT_SLICE = datetime.timedelta(seconds=0.5)
+#: A gloo operation waiting this long on live peers says so (once), instead of waiting in silence.
+LONG_WAIT_S = 60.0
 
 _MAGIC = b"RTHB"
 _DATAGRAM = struct.Struct("<4s16sBII")
@@ -95,6 +97,8 @@ def wait_work(work: Any, abort: Abort | None = None, what: str = "a gloo operati
     as a peer is declared failed.
     """
     abort = abort or current
+    started = time.monotonic()
+    warned = False
     while True:
         try:
             work.wait(WAIT_SLICE)
@@ -105,6 +109,11 @@ def wait_work(work: Any, abort: Abort | None = None, what: str = "a gloo operati
             if abort.triggered:
                 raise ControlPlaneError(f"{what} was abandoned: {abort.reason}") from None
             # only this slice expired: the work goes on
+            if not warned and time.monotonic() - started > LONG_WAIT_S:
+                warned = True
+                log.warning("%s has waited %.0f s for its peers, which are alive (their heartbeats "
+                            "arrive); it fails at HOROVOD_GLOO_TIMEOUT_SECONDS", what,
+                            time.monotonic() - started)
 
 
 def wait_on_group(work: Any, process_group: Any, abort: Abort | None = None) -> None:
