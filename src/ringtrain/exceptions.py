@@ -11,6 +11,7 @@ The tree::
     │   ├── UnknownWorkloadError          an unknown workload name (also a KeyError)
     │   ├── JobError                      bad input to a training job
     │   └── SnapshotError                 a snapshot that cannot be resumed (damaged, foreign, other model)
+    │       └── DamagedSnapshotError      its bytes are not what was written (checksum, truncation)
     ├── ConnectionError
     │   └── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
     └── RuntimeError
@@ -63,6 +64,13 @@ class SnapshotError(ValueError):
     """A snapshot that cannot be resumed: damaged, foreign, or from another model."""
 
 
+class DamagedSnapshotError(SnapshotError):
+    """A snapshot whose bytes are not what was written (checksum mismatch, truncated, unreadable).
+
+    An older good snapshot can be resumed instead.
+    """
+
+
 class ControlPlaneError(ConnectionError):
     """A peer closed its control connection, sent garbage, or did not answer in time."""
 
@@ -88,6 +96,7 @@ class HostsUpdatedInterrupt(RuntimeError):
 __all__ = [
     "ClusterEnvironmentError",
     "ControlPlaneError",
+    "DamagedSnapshotError",
     "DataError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",

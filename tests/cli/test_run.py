@@ -131,6 +131,38 @@ def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--gloo-timeout-seconds", "0"],
+     "--gloo-timeout-seconds 0 sets HOROVOD_GLOO_TIMEOUT_SECONDS='0', which is out of range: it is in "
+     "seconds and must be > 0"),
+    (["--stall-check-warning-time-seconds", "0"],
+     "HOROVOD_STALL_CHECK_TIME_SECONDS='0', which is out of range"),
+])
+def test_tuning_flags_are_judged_by_the_workers_rules(argv, needle, capsys):
+    code, err = run_cli(["-np", "2", *argv, "python", "-c", "pass"], capsys)
+    assert code == 2
+    assert needle in err
+    assert f"HINT: leave {argv[0]} out for the default" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("variable", "value", "unit"), [
+    ("HOROVOD_CYCLE_TIME", "-5", "milliseconds"),
+    ("HOROVOD_GLOO_TIMEOUT_SECONDS", "0", "seconds"),
+    ("RINGTRAIN_ROUND_TIMEOUT_SECONDS", "0", "seconds"),
+    ("RINGTRAIN_PEER_TIMEOUT_SECONDS", "soon", "seconds"),
+    ("HOROVOD_FUSION_THRESHOLD", "1.5", "bytes"),
+])
+def test_bad_worker_variables_are_refused_before_any_rank_starts(variable, value, unit, monkeypatch, capsys):
+    monkeypatch.setenv(variable, value)
+    code, err = run_cli(["-np", "2", "python", "-c", "raise SystemExit(9)"], capsys)
+    assert code == 2
+    assert f"{variable}={value!r}" in err
+    assert unit in err
+    assert "none was started" in err
+    assert "HINT:" in err
+
+
 def test_malformed_hostfile_exits_2(tmp_path, capsys):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=two\n")

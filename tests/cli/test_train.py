@@ -86,6 +86,49 @@ def test_corrupt_snapshot_exits_2_before_training(tmp_path, capsys):
     assert "HINT: delete" in err
 
 
+def test_a_bit_flip_in_the_latest_snapshot_is_detected_and_the_newest_good_one_resumed(tmp_path, capsys):
+    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+    run = ["train", "mnist", "--subset", "200", "--no-progress", "--threads", "1", "--save-every", "1",
+           "--snapshot-dir", str(snaps), "--results-json", str(results)]
+    assert main([*run, "--epochs", "2"]) == 0
+    first = json.loads(results.read_text())
+    steps_per_epoch = first["epochs"][0]["steps"]
+    snapshots = sorted(snaps.glob("snapshot-*.pt"))
+    assert len(snapshots) == 2
+    latest = snapshots[-1]
+    data = bytearray(latest.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = bytes(b ^ 0xFF for b in data[middle:middle + 4096])  # 4 KiB flipped
+    latest.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    assert main([*run, "--epochs", "3"]) == 0
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert f"{latest} is damaged: its SHA-256" in output
+    assert "skipped, resuming from an older snapshot" in output
+    assert f"resumed from {snapshots[0]}" in output
+    body = json.loads(results.read_text())
+    assert body["resumed_from"] == str(snapshots[0])
+    assert [e["epoch"] for e in body["epochs"]] == [2, 3]  # epoch 2 is trained again, then 3
+    assert body["epochs"][-1]["steps"] == 3 * steps_per_epoch
+
+
+@pytest.mark.parametrize("kind", ["file", "proc"])
+def test_an_unusable_snapshot_dir_exits_2_before_training(tmp_path, capsys, kind):
+    folder = tmp_path / "snaps"
+    if kind == "file":
+        folder.write_text("not a folder")
+    else:
+        folder = Path("/proc/ringtrain-snapshots")
+    assert main(["train", "mnist", *QUICK, "--save-every", "1", "--snapshot-dir", str(folder)]) == 2
+    captured = capsys.readouterr()
+    assert str(folder) in captured.err
+    assert "HINT: point --snapshot-dir" in captured.err
+    assert "Traceback" not in captured.err
+    assert "epoch 1/1" not in captured.out  # refused before any training
+
+
 def test_one_process_trains_and_snapshots(tmp_path, capsys):
     results = tmp_path / "results.json"
     code = main(["train", "synthetic", *QUICK, "--snapshot-dir", str(tmp_path / "snaps"),

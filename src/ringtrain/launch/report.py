@@ -35,9 +35,13 @@ class RankFailure:
     output_tail: str = ""
     hint: str = ""
     """What to do about it, when the cause is known (``HINT: ...``)."""
+    #: How it ended when the exit code does not say it (a host the launcher lost contact with).
+    state: str = ""
 
     def status(self) -> str:
         """``exit code 3`` or ``signal SIGKILL`` (negative exit codes are signals)."""
+        if self.state:
+            return self.state
         if self.exitcode < 0:
             try:
                 name = signal.Signals(-self.exitcode).name

@@ -196,14 +196,16 @@ def write_json_atomically(path: Path, body: Any) -> None:
 
 
 def check_snapshot_dir(job: TrainJob) -> None:
-    """Fail early, before starting ranks, when the snapshot to resume cannot be read."""
+    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder or
+    none of those there can be resumed (damaged ones are skipped for older good ones)."""
     config = job.trainer
-    if not config.snapshot_dir or not config.resume:
+    if not config.snapshot_dir:
         return
     manager = SnapshotManager(config.snapshot_dir, config.keep_last)
-    latest = manager.latest()
-    if latest is not None:
-        manager.load(latest)
+    if config.save_every or config.save_every_steps:
+        manager.check_writable()
+    if config.resume:
+        manager.load_newest()
 
 
 #: Exit codes of a launcher stopped by a signal (128 + its number), and the signal's name.
