@@ -12,7 +12,9 @@ The tree::
     │   ├── JobError                      bad input to a training job
     │   └── SnapshotError                 a snapshot that cannot be resumed (damaged, foreign, other model)
     ├── ConnectionError
-    │   └── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
+    │   ├── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
+    │   ├── JobStoreError                 the job store cannot be reached, or its connection broke
+    │   └── AuthenticationError           a peer could not prove it belongs to this job (per-job secret)
     └── RuntimeError
         ├── HorovodInternalError          a collective failed; elastic training restores and retries
         └── HostsUpdatedInterrupt         the set of hosts changed; elastic training re-initializes
@@ -67,6 +69,15 @@ class ControlPlaneError(ConnectionError):
     """A peer closed its control connection, sent garbage, or did not answer in time."""
 
 
+class JobStoreError(ConnectionError):
+    """The job's key-value store (:mod:`ringtrain.engine.jobstore`) cannot be reached or went away."""
+
+
+class AuthenticationError(ConnectionError):
+    """A connection failed the per-job challenge-response: the other side does not hold this job's
+    secret (``RINGTRAIN_JOB_SECRET``), or it is not a ringtrain peer at all."""
+
+
 class HorovodInternalError(RuntimeError):
     """A collective failed: ranks disagreed on a request, a peer died, or the engine shut down.
 
@@ -86,12 +97,14 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 __all__ = [
+    "AuthenticationError",
     "ClusterEnvironmentError",
     "ControlPlaneError",
     "DataError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "JobError",
+    "JobStoreError",
     "SettingError",
     "SnapshotError",
     "UnknownWorkloadError",
