@@ -88,3 +88,12 @@ def test_torchrun_node_flags():
     assert (plan.nproc, plan.node_rank, plan.rdzv_backend, plan.rdzv_endpoint) == (3, 1, "static", "h0:29400")
     elastic = resolve_plan(config("--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h0:1"), {})
     assert (elastic.min_nodes, elastic.max_nodes, elastic.rdzv_backend) == (1, 4, "c10d")
+
+
+def test_nodes_started_by_hand_share_one_run_id():
+    """Without --rdzv-id every node must name the rendezvous alike, or they never meet."""
+    plans = [resolve_plan(config("--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.0.0.1"), {})
+             for rank in (0, 1)]
+    assert plans[0].run_id == plans[1].run_id
+    named = resolve_plan(config("--nnodes", "2", "--master-addr", "h", "--rdzv-id", "job7"), {})
+    assert named.run_id == "job7"

@@ -36,6 +36,12 @@ class NodePlan:
     source: str = "local"
 
 
+#: The run id of a multi-node rendezvous when no ``--rdzv-id`` is given: the same on every node (as
+#: torchrun's fixed default), so nodes started by hand with the same endpoint always meet. One
+#: rendezvous store serves one job (its port is bound once), so a fixed name cannot mix two jobs.
+SHARED_RUN_ID = "ringtrain"
+
+
 @dataclass(frozen=True)
 class HostsPlan:
     """A driver starts one agent per host (directly here, over ssh elsewhere)."""
@@ -128,7 +134,10 @@ def _pbs_hosts(environ: Mapping[str, str]) -> tuple[HostSlots, ...]:
 
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
     """Decide how this ``ringtrain run`` starts its ranks."""
+    # A single node's rendezvous is private, so a fresh id keeps its log folders apart; nodes that must
+    # meet derive theirs from what they share.
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    shared_run_id = config.rdzv_id or SHARED_RUN_ID
     multi_node_flags = config.node_rank is not None or config.rdzv_endpoint is not None \
         or (config.nnodes is not None and config.nnodes[1] > 1)
     if multi_node_flags:
@@ -150,7 +159,7 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
                              f"HINT: node ranks run from 0 to {max_nodes - 1}.")
         return NodePlan(nproc=_per_node(config, max_nodes, 1, "--nnodes"), node_rank=config.node_rank or 0,
                         min_nodes=min_nodes, max_nodes=max_nodes, rdzv_backend=backend,
-                        rdzv_endpoint=endpoint, run_id=run_id, source="flags")
+                        rdzv_endpoint=endpoint, run_id=shared_run_id, source="flags")
     if config.hosts:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
     if "SLURM_JOB_ID" in environ and "SLURM_NNODES" in environ:
