@@ -23,7 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ringtrain import __version__
+from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.exceptions import UsageError
+from ringtrain.launch import store_host
 from ringtrain.launch.agent import NodeSpec, run_node
 from ringtrain.launch.config import DriverLink, LaunchConfig, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
@@ -105,6 +107,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
+    # A driver's agent finds the job's secret on the first line of its stdin (see store_host).
+    secret = store_host.read_secret() if driven else None
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,
@@ -112,7 +116,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         host=hosts[plan.node_rank] if hosts and plan.node_rank < len(hosts) else None,
         output_dir=config.output_filename,
         env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
-        failure_marker=driven, verbose=config.verbose,
+        failure_marker=driven, verbose=config.verbose, secret=secret,
+        layout=config.driver.node_slots if config.driver is not None else None,
     )
     watcher = _watch_stdin() if driven else None
     try:
@@ -202,7 +207,10 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
-    proc = subprocess.Popen(srun)
+    # srun hands its environment to every task: the secret reaches each node's agent there, not in argv.
+    env = dict(os.environ)
+    env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
+    proc = subprocess.Popen(srun, env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -279,6 +287,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
         port = free_port() if local[0] else 29400 + os.getpid() % 1000
     endpoint = f"{addr}:{port}"
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    secret = store_host.node_secret(environ, whole_job_here=True)
     slots = [n.slots for n in nodes]
     hosts = [n.host for n in nodes]
     failures: list[RankFailure] = []
@@ -305,6 +314,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
+            store_host.send_secret(procs[-1].proc.stdin, secret)
         stopping_since: float | None = None
         while any(p.proc.poll() is None for p in procs):
             bad = stop_signal or failures or any(p.proc.poll() not in (None, 0) for p in procs)
