@@ -129,6 +129,7 @@ def _shown(field: str, value: Any) -> str:
 def describe_mismatch(views: list[NodeView]) -> str | None:
     """None when the views agree; else one message naming every difference and the nodes on each side."""
     lines = []
+    views = sorted(views, key=lambda v: (v.node_rank, v.host, v.pid))  # the same message on every node
     for field, label in _SHARED_FIELDS.items():
         values: dict[str, list[str]] = {}
         for view in views:

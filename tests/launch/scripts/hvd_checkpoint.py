@@ -70,7 +70,8 @@ checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
 if hvd.rank() == 0:
     temp = os.path.join(args.folder, ".result.tmp")
     with open(temp, "w") as fp:
-        json.dump({"step": args.steps, "attempt": attempt, "checksum": checksum, "loss": float(loss.detach())}, fp)
+        json.dump({"step": args.steps, "attempt": attempt, "checksum": checksum,
+                   "loss": float(loss.detach())}, fp)
     os.replace(temp, os.path.join(args.folder, "result.json"))
     print(f"done: {args.steps} steps, attempt {attempt}, loss {float(loss.detach()):.5f}", flush=True)
 hvd.shutdown()

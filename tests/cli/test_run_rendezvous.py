@@ -1,0 +1,72 @@
+"""Two ``ringtrain run`` processes as the two nodes of a static rendezvous, started by hand (issue 12).
+
+The issue's commands: the same line on each node, only ``--node-rank`` differs, no ``--rdzv-id``.
+The nodes meet at once (the run id is the same everywhere); nodes started with different settings
+are told so on both nodes, naming what differs, by the rendezvous itself rather than a timeout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ranks import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+HELLO = ROOT / "examples" / "hello.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _node(node_rank: int, nnodes: int, port: int, *extra: str, nproc: int = 1) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "ringtrain", "run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+            "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port), *extra,
+            "python", str(HELLO)]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _both(procs: list[subprocess.Popen[str]], guard: float) -> list[tuple[int, str]]:
+    """Exit code and output of each node; a node still running after ``guard`` seconds is killed."""
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=guard)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\n(killed by the test after {guard:g} s)"
+        results.append((proc.returncode, out + err))
+    return results
+
+
+def test_the_issue_s_two_commands_meet_without_rdzv_id():
+    port = free_port()
+    results = _both([_node(0, 2, port), _node(1, 2, port)], guard=240)
+    for code, output in results:
+        assert code == 0, output
+    assert "hello from rank 0 of 2" in results[0][1]
+    assert "hello from rank 1 of 2" in results[1][1]
+    assert all("sum of ranks 1 ok" in output for _, output in results)
+
+
+# --start-timeout 60 puts the rendezvous timeout at 240 s: far beyond the guard, so an error that
+# comes within the guard was a detection, not a timeout.
+@pytest.mark.parametrize(("nodes", "flag", "shown"), [
+    ([(2, 1), (3, 1)], "--nnodes", ("2 on node 0", "3 on node 1")),
+    ([(2, 1), (2, 2)], "--nproc-per-node", ("1 on node 0", "2 on node 1")),
+])
+def test_nodes_started_with_different_settings_are_told_on_both(nodes, flag, shown):
+    port = free_port()
+    procs = [_node(rank, nnodes, port, "--start-timeout", "60", nproc=nproc)
+             for rank, (nnodes, nproc) in enumerate(nodes)]
+    for code, output in _both(procs, guard=90):
+        assert code == 2, output
+        assert "the nodes of this job disagree at rendezvous" in output, output
+        (line,) = [line for line in output.splitlines() if line.strip().startswith(flag)]
+        assert shown[0] in line, output
+        assert shown[1] in line, output
+        assert "HINT:" in output
+        assert "Traceback" not in output, output
