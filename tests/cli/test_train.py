@@ -49,6 +49,8 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--warmup-epochs", "2"], "scale_lr"),
     (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
     (["--keep-last", "0"], "keep_last=0"),
+    (["--max-restarts", "-1"], "--max-restarts -1"),
+    (["--max-restarts", "2", "--no-resume"], "--no-resume with --max-restarts"),
 ])
 def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert main(["train", "mnist", *QUICK, *argv]) == 2
@@ -176,5 +178,5 @@ def test_the_flags_are_frozen():
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
         "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
-        "--no-progress",
+        "--no-progress", "--max-restarts",
     }
