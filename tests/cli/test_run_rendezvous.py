@@ -7,6 +7,9 @@ are told so on both nodes, naming what differs, by the rendezvous itself rather 
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +73,40 @@ def test_nodes_started_with_different_settings_are_told_on_both(nodes, flag, sho
         assert shown[1] in line, output
         assert "HINT:" in output
         assert "Traceback" not in output, output
+
+
+def test_a_rank_killed_on_one_node_restarts_the_group_on_both(tmp_path):
+    """node 1's rank dies: node 1's agent restarts, and node 0's agent sees it waiting and restarts too."""
+    from tests.integration.system import wait_for
+    from tests.launch.restart_trials import HVD_SCRIPT, rank_pids
+
+    port = free_port()
+    logs = [tmp_path / f"node{rank}.log" for rank in (0, 1)]
+    procs = []
+    for rank, log in enumerate(logs):
+        argv = [sys.executable, "-m", "ringtrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--max-restarts", "2", "python", str(HVD_SCRIPT), str(tmp_path), "--steps", "200", "--every",
+                "20", "--step-seconds", "0.02"]
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True))
+    try:
+        wait_for(lambda: any(tmp_path.glob("ckpt-*.pt")) or any(p.poll() is not None for p in procs), 300,
+                 "the first checkpoint", logs=logs)
+        victims = rank_pids(procs[1].pid)
+        assert list(victims) == [1], [log.read_text() for log in logs]
+        os.kill(victims[1], signal.SIGKILL)
+        codes = [proc.wait(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], outputs
+    assert "attempt 0 failed at" in outputs[1], outputs[1]
+    assert "rank 1 on " in outputs[1]
+    assert "another node restarted its ranks after attempt 0" in outputs[0], outputs[0]
+    assert "resumed at step" in outputs[0]
+    assert "(attempt 1)" in outputs[0]  # the same attempt number on both nodes
+    assert json.loads((tmp_path / "result.json").read_text())["step"] == 200
