@@ -59,15 +59,17 @@ class GroupAgent(LocalElasticAgent):
         self.restarts: list[Restart] = []
         self._on_restart = on_restart
         self._last: RunResult | None = None
+        self._starts = 0
         #: Why the rendezvous was closed while this node's ranks had finished (another node gave up).
         self.closed_while_finishing: str | None = None
 
     @property
     def attempt(self) -> int:
+        """The attempt whose workers run now (or ran last): 0 first, one more per group restart."""
         handler = self._worker_group.spec.rdzv_handler
         if isinstance(handler, _rendezvous.RingtrainRendezvous):
             return max(handler.round, 0)
-        return self._worker_group.spec.max_restarts - self._remaining_restarts
+        return max(self._starts - 1, 0)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._last = super()._monitor_workers(worker_group)
@@ -85,6 +87,7 @@ class GroupAgent(LocalElasticAgent):
         super()._restart_workers(worker_group)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self._starts += 1
         # Workers inherit this process's environment; the variable is set only while they start.
         with patched_environ({ENV_ATTEMPT: str(self.attempt)}):
             return super()._start_workers(worker_group)
