@@ -110,3 +110,20 @@ def test_a_rank_killed_on_one_node_restarts_the_group_on_both(tmp_path):
     assert "resumed at step" in outputs[0]
     assert "(attempt 1)" in outputs[0]  # the same attempt number on both nodes
     assert json.loads((tmp_path / "result.json").read_text())["step"] == 200
+
+
+def test_a_restart_after_the_other_node_finished_ends_the_job_on_both():
+    """node 0's rank is done, node 1's fails and restarts: no group restart is possible, nobody waits."""
+    port = free_port()
+    script = '[ "$RANK" = 1 ] && exit 3; exit 0'
+    argv = [sys.executable, "-m", "ringtrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--start-timeout", "60",
+            "--max-restarts", "1"]
+    procs = [subprocess.Popen([*argv, "--node-rank", str(rank), "sh", "-c", script], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    (code0, out0), (code1, out1) = _both(procs, guard=90)  # far below the 240 s rendezvous timeout
+    assert code0 == 1, out0
+    assert "this node's ranks finished, but the job failed elsewhere" in out0, out0
+    assert code1 == 1, out1
+    assert "attempt 0 failed at" in out1, out1
+    assert "had finished its ranks when another node restarted its own" in out1, out1

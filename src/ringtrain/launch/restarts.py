@@ -15,6 +15,7 @@ with :class:`GroupAgent` in place of the plain agent. It adds three things:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable
@@ -111,6 +112,15 @@ class GroupAgent(LocalElasticAgent):
             except (ConnectionError, OSError, RuntimeError):
                 return  # node 0 finished and its store is gone: nobody is left to wait for
             if isinstance(handler, _rendezvous.RingtrainRendezvous):
+                with contextlib.suppress(Exception):  # closed, or node 0 gone: the next lines say which
+                    if handler.num_nodes_waiting() > 0:
+                        # Another node restarted after this one's ranks had finished: the group can no
+                        # longer restart as a whole, so the job ends here, on every node.
+                        me = handler.view
+                        handler.set_closed(f"node {me.node_rank} ({me.host}) had finished its ranks when "
+                                           "another node restarted its own; a restart of the whole group is "
+                                           "no longer possible. HINT: look for the failure on the node that "
+                                           "restarted.")
                 reason = handler.closed_reason()
                 if reason is not None:
                     self.closed_while_finishing = reason
