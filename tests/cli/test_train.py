@@ -50,6 +50,8 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
     (["--keep-last", "0"], "keep_last=0"),
     (["--like", "cifar10"], "--like cifar10 shapes synthetic images"),
+    (["--max-restarts", "-1"], "--max-restarts -1"),
+    (["--max-restarts", "2", "--no-resume"], "--no-resume with --max-restarts"),
 ])
 def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert main(["train", "mnist", *QUICK, *argv]) == 2
@@ -272,7 +274,7 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--like",
         "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
-        "--no-progress",
+        "--no-progress", "--max-restarts",
     }
     for flag in dashed:
         if flag.startswith("--") and "-" in flag[2:]:

@@ -144,3 +144,20 @@ def test_signal_handlers_come_back():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, saved)
+
+
+def test_restarts_that_run_out_report_the_first_failure_and_every_attempt(tmp_path, capsys):
+    node = spec(max_restarts=2)
+    assert run_node(node, [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
+    err = capsys.readouterr().err
+    # each restart is announced as it happens ...
+    assert err.count("restarting every rank") == 2
+    assert "attempt 0 failed at" in err
+    assert "rank 1 on " in err
+    # ... and the one report names the job's first failure and lists the attempts
+    assert err.count("Root cause") == 1
+    assert "job failed after 2 restart(s)" in err
+    assert "error      : ValueError: rank one gives up" in err
+    for attempt in range(3):
+        assert f"    attempt {attempt} ended " in err
+    assert "no restart left" in err

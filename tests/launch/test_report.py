@@ -52,3 +52,16 @@ def test_the_report_shows_the_hint():
                                  hint=no_gpu_hint("hostB")))
     assert "no CUDA device is visible here (host hostB" in text
     assert "HINT:" in text
+
+
+def test_a_report_after_restarts_lists_every_attempt_and_survives_the_marker_hop():
+    root = failure(1, 5.0, exitcode=-signal.SIGKILL,
+                   history=("attempt 0 ended 10:00:00: rank 1 on hostB killed by SIGKILL; every rank "
+                            "restarted",
+                            "attempt 1 ended 10:00:09: rank 0 on hostB exit code 1; no restart left"))
+    assert RankFailure.from_marker(root.to_marker()) == root
+    text = format_report(root, 1, 2)
+    assert text.startswith("ringtrain run: job failed after 1 restart(s). Root cause (first rank to fail):")
+    assert "attempts   :" in text
+    assert "    attempt 0 ended 10:00:00: rank 1 on hostB killed by SIGKILL" in text
+    assert "no restart left" in text

@@ -37,6 +37,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
     p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int, default=1,
                    help="ranks on this machine (1)")
+    p.add_argument("--max-restarts", type=_int, default=0,
+                   help="restart every rank up to N times when one fails; training resumes from the last "
+                        "snapshot (0)")
     run = p.add_argument_group("training")
     run.add_argument("--epochs", type=_int, help="epochs in total (workload default)")
     run.add_argument(*spellings("--batch-size"), type=_int,
@@ -107,6 +110,10 @@ def run_train(args: argparse.Namespace) -> int:
     if snapshot_dir is None and (args.save_every or args.save_every_steps):
         snapshot_dir = f"ringtrain-snapshots/{args.workload}"
     save_every = args.save_every if args.save_every is not None else (1 if snapshot_dir else None)
+    if args.max_restarts and not args.resume:
+        raise UsageError("--no-resume with --max-restarts: every restart would start training afresh and "
+                         "lose what earlier attempts learned. HINT: give a new, empty --snapshot-dir "
+                         "instead of --no-resume to start afresh.")
     try:
         config = TrainerConfig(
             epochs=args.epochs if args.epochs is not None else defaults.epochs,
@@ -121,7 +128,8 @@ def run_train(args: argparse.Namespace) -> int:
         job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
                        download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
-                       weight_decay=args.weight_decay, results_json=args.results_json)
+                       weight_decay=args.weight_decay, results_json=args.results_json,
+                       max_restarts=args.max_restarts)
         return launch_job(job)
     except input_errors() as exc:
         raise UsageError(str(exc)) from None

@@ -24,8 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ringtrain import __version__
+from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.engine.settings import check_environ, read_knob
 from ringtrain.exceptions import SettingError, UsageError
+from ringtrain.launch import store_host
 from ringtrain.launch.agent import NodeSpec, run_node
 from ringtrain.launch.config import DriverLink, LaunchConfig, exported_values, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
@@ -146,6 +148,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
+    # A driver's agent finds the job's secret on the first line of its stdin (see store_host).
+    secret = store_host.read_secret() if driven else None
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,
@@ -155,6 +159,7 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
         failure_marker=driven, verbose=config.verbose, log_dir=_absolute(config.log_dir),
         redirects=config.redirects, tee=config.tee, local_addr=config.local_addr, rdzv_conf=config.rdzv_conf,
+        secret=secret, layout=config.driver.node_slots if config.driver is not None else None,
     )
     watcher = None
     if driven:
@@ -286,7 +291,10 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
-    proc = subprocess.Popen(srun)
+    # srun hands its environment to every task: the secret reaches each node's agent there, not in argv.
+    env = dict(os.environ)
+    env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
+    proc = subprocess.Popen(srun, env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -422,6 +430,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     endpoint = f"{addr}:{port}"
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
     peer_timeout = float(read_knob("peer_timeout_s", environ))
+    secret = store_host.node_secret(environ, whole_job_here=True)
     slots = [n.slots for n in nodes]
     hosts = [n.host for n in nodes]
     failures: list[RankFailure] = []
@@ -451,6 +460,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
+            store_host.send_secret(procs[-1].proc.stdin, secret)
         stopping_since: float | None = None
         beat_interval = min(BEAT_INTERVAL, peer_timeout / 4)
         next_beat = 0.0

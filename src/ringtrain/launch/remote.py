@@ -26,6 +26,9 @@ def forwarded_environment(environ: Mapping[str, str],
            if _SAFE_NAME.match(k) and (k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))}
     # CUDA_VISIBLE_DEVICES names this machine's GPUs, not the remote one's.
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The job's secret never goes on a command line (ps shows it on both hosts): the driver sends it
+    # to each agent on its stdin.
+    env.pop("RINGTRAIN_JOB_SECRET", None)
     env.update(extra or {})
     return env
 

@@ -37,6 +37,8 @@ class RankFailure:
     """What to do about it, when the cause is known (``HINT: ...``)."""
     #: How it ended when the exit code does not say it (a host the launcher lost contact with).
     state: str = ""
+    history: tuple[str, ...] = ()
+    """One line per restart of the job before it gave up (``--max-restarts``), oldest first."""
 
     def status(self) -> str:
         """``exit code 3`` or ``signal SIGKILL`` (negative exit codes are signals)."""
@@ -60,8 +62,10 @@ class RankFailure:
         if not line.startswith(MARKER):
             return None
         try:
-            return cls(**json.loads(line[len(MARKER):]))
-        except (ValueError, TypeError):
+            body = json.loads(line[len(MARKER):])
+            body["history"] = tuple(body.get("history", ()))
+            return cls(**body)
+        except (ValueError, TypeError, AttributeError):
             return None
 
 
@@ -92,8 +96,9 @@ def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
 def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None) -> str:
     """The text printed once when a job fails."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))
+    after = f" after {len(root.history) - 1} restart(s)" if len(root.history) > 1 else ""
     lines = [
-        "ringtrain run: job failed. Root cause (first rank to fail):",
+        f"ringtrain run: job failed{after}. Root cause (first rank to fail):",
         f"  host       : {root.host}",
         f"  rank       : {root.rank}" + (f" of {world_size}" if world_size else "")
         if root.rank >= 0 else "  rank       : none (the node's agent failed before or outside its ranks)",
@@ -110,6 +115,9 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
         lines.extend("    " + line for line in detail.rstrip().splitlines())
     if root.hint:
         lines.append(f"  hint       : {root.hint}")
+    if root.history:
+        lines.append("  attempts   :")
+        lines.extend("    " + line for line in root.history)
     if total_failed > 1:
         lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
     else:

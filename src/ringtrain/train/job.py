@@ -57,10 +57,15 @@ class TrainJob:
     weight_decay: float | None = None
     results_json: str | None = None
     """Rank 0 writes the per-epoch results here as JSON (a metric that was not measured is ``null``)."""
+    max_restarts: int = 0
+    """Restart every rank up to this many times when one fails (``ringtrain run --max-restarts``)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise JobError(f"-np {self.nproc} must be at least 1. HINT: use -np 1, or -np 2 for two ranks.")
+        if self.max_restarts < 0:
+            raise JobError(f"--max-restarts {self.max_restarts} must be at least 0. HINT: use e.g. "
+                           "--max-restarts 3, or 0 for no restart.")
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
@@ -278,19 +283,29 @@ def _launch(job: TrainJob) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="ringtrain-train-"))
     try:
+        if job.max_restarts and not job.trainer.snapshot_dir:
+            job = _with_restart_snapshots(job, folder / "snapshots")
         spec = folder / "job.json"
         spec.write_text(job.to_json())
         errors = folder / "errors"
         errors.mkdir()
         command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
                    "--error-dir", str(errors))
-        code = launch(LaunchConfig(command=command, num_proc=job.nproc))
+        code = launch(LaunchConfig(command=command, num_proc=job.nproc, max_restarts=job.max_restarts))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
             raise JobError(messages[0].read_text().strip())
         return code
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _with_restart_snapshots(job: TrainJob, folder: Path) -> TrainJob:
+    """A restart must not lose every epoch: without a snapshot folder, one lives as long as the job."""
+    print(f"ringtrain train: --max-restarts {job.max_restarts} without --snapshot-dir: a restart resumes "
+          "from the last epoch's snapshot, kept in a temporary folder until the job ends (give "
+          "--snapshot-dir to keep them).", file=sys.stderr, flush=True)
+    return dataclasses.replace(job, trainer=job.trainer.replace(snapshot_dir=str(folder), save_every=1))
 
 
 def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:

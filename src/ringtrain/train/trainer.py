@@ -8,6 +8,7 @@ and returns one ``EpochResult`` per epoch, identical on every rank.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -326,6 +327,11 @@ class Trainer:
         one; the ranks check that they all resume the same one.
         """
         if self.snapshots is None or not self.config.resume:
+            attempt = os.environ.get("RINGTRAIN_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            if attempt not in ("", "0"):
+                why = "resume=False" if self.snapshots else "no snapshot_dir"
+                self.out.warn(f"this is restart attempt {attempt} of the job, but it cannot resume ({why}): "
+                              "training starts afresh.")
             return None
         if self.strategy.rank == 0:
             self.snapshots.remove_stale_temporaries()
