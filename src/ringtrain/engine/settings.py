@@ -247,6 +247,10 @@ class Settings:
         "RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0, Number("seconds", above=True),
         "how long a round waits for a silent peer; a peer that died is detected at once",
         shown="604800 = 7 days")
+    handshake_timeout_s: float = _knob(
+        "RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS", 10.0, Number("seconds", above=True),
+        "how long a connection to the job store or the control plane may take to prove the job's secret "
+        "before it is closed (docs/security.md)", shown="10")
     control_plane: str = _knob(
         "RINGTRAIN_CONTROL_PLANE", "tcp",
         Choice(("tcp", "gloo"), ("direct sockets, the default", "a gloo group")),
