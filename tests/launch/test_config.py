@@ -9,7 +9,13 @@ import os
 import pytest
 
 from ringtrain.launch import config as config_module
-from ringtrain.launch.config import DriverLink, LaunchConfig, worker_environment
+from ringtrain.launch.config import (
+    DriverLink,
+    LaunchConfig,
+    private_line,
+    read_private_line,
+    worker_environment,
+)
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.shim import SHIM_DIR, real_horovod_importable
 
@@ -146,3 +152,26 @@ def test_table_lists_every_field():
         assert f"  {f.name} " in table
     assert "node1:4,node2:2" in table
     assert "HOROVOD_CYCLE_TIME=2.5 HOROVOD_FUSION_THRESHOLD=1048576" in table
+
+
+def test_the_private_line_carries_the_job_store_and_secret_and_nothing_else():
+    values = {"RINGTRAIN_JOB_STORE": "10.0.0.1:4000", "RINGTRAIN_JOB_SECRET": "f" * 64}
+    read_end, write_end = os.pipe()
+    os.write(write_end, private_line(values) + b"whatever follows stays unread")
+    os.close(write_end)
+    assert read_private_line(read_end) == values
+    assert os.read(read_end, 100) == b"whatever follows stays unread"
+    os.close(read_end)
+    with pytest.raises(ValueError, match="not a private variable"):
+        private_line({"PATH": "/bin"})
+    for bad in (b'{"PATH": "/bin"}\n', b"[1, 2]\n", b'{"RINGTRAIN_JOB_SECRET": 5}\n'):
+        read_end, write_end = os.pipe()
+        os.write(write_end, bad)
+        os.close(write_end)
+        with pytest.raises(ValueError, match="not the job's private variables"):
+            read_private_line(read_end)
+        os.close(read_end)
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    assert read_private_line(read_end) == {}  # the driver went away first
+    os.close(read_end)

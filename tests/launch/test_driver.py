@@ -15,7 +15,7 @@ import pytest
 
 import ringtrain.launch.driver as driver
 from ringtrain.exceptions import UsageError
-from ringtrain.launch.config import DriverLink, LaunchConfig
+from ringtrain.launch.config import DriverLink, LaunchConfig, private_line
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
 from ringtrain.launch.report import RankFailure
@@ -83,14 +83,24 @@ def driven_config(tmp_path: Path, *mode: str) -> LaunchConfig:
     return driver.node_config(config, 0, 1, 2, f"127.0.0.1:{free_port()}", "test-run", [2], ["nodeA"])
 
 
-class Agent:
-    """A driven agent as a driver holds it: its stdin open (EOF means stop), its output in files."""
+#: What the tests' driver hands its agents on stdin (a driver hosts a job store there; these workers
+#: never connect to it).
+PRIVATE = {"RINGTRAIN_JOB_STORE": "127.0.0.1:9", "RINGTRAIN_JOB_SECRET": "d" * 64}
 
-    def __init__(self, config: LaunchConfig, folder: Path) -> None:
+
+class Agent:
+    """A driven agent as a driver holds it: its stdin open (EOF means stop), its output in files.
+
+    Like a driver, it first writes the job's private variables on the agent's stdin.
+    """
+
+    def __init__(self, config: LaunchConfig, folder: Path, private: dict[str, str] | None = None) -> None:
         self.out, self.err = folder / "agent.out", folder / "agent.err"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(driver.node_argv(config), stdin=subprocess.PIPE, stdout=out,
-                                         stderr=err, text=True)
+                                         stderr=err)
+        self.proc.stdin.write(private_line(PRIVATE if private is None else private))
+        self.proc.stdin.flush()
 
     def wait(self, timeout: float = 240) -> tuple[int, str, str]:
         try:
@@ -116,7 +126,19 @@ def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
         assert env["HOROVOD_HOSTNAME"] == "nodeA"  # from the driver's node hosts
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
         assert env["HOROVOD_CYCLE_TIME"] == "7"  # the config's tuning reached the workers
+        # the job store and the secret came over stdin, not on the agent's command line
+        assert (env["RINGTRAIN_JOB_STORE"], env["RINGTRAIN_JOB_SECRET"]) == tuple(PRIVATE.values())
+        assert PRIVATE["RINGTRAIN_JOB_SECRET"] not in " ".join(env["argv"])
     assert "[1] hello from rank 1" in out
+
+
+def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
+    agent = Agent(driven_config(tmp_path), tmp_path, private={})
+    agent.proc.stdin.close()  # the driver went away before handing anything over
+    code, _, err = agent.wait()
+    assert code == 1
+    assert "the driver went away before handing over the job's secret" in err
+    assert read_ranks(tmp_path / "ranks") == {}
 
 
 def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):

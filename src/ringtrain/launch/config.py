@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import types
 import typing
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.shim import shim_pythonpath
 
@@ -164,6 +166,43 @@ def worker_environment(config: LaunchConfig, environ: Mapping[str, str], nproc: 
     if node_hosts:
         env["RINGTRAIN_NODE_HOSTS"] = ",".join(node_hosts)
     return env
+
+
+#: The variables a driver hands each agent outside its command line (see :func:`private_line`).
+PRIVATE_VARIABLES = (ENV_ADDRESS, ENV_SECRET)
+_PRIVATE_LINE_LIMIT = 64 * 1024
+
+
+def private_line(env: Mapping[str, str]) -> bytes:
+    """What a driver writes first on an agent's stdin: the job store's address and the secret.
+
+    They never go on a command line (``ps`` shows command lines to every user of a host, and ssh
+    puts the remote command line there); stdin travels inside the ssh session.
+    """
+    unknown = sorted(set(env) - set(PRIVATE_VARIABLES))
+    if unknown:
+        raise ValueError(f"not a private variable: {unknown}")
+    return json.dumps(dict(env), separators=(",", ":")).encode() + b"\n"
+
+
+def read_private_line(fd: int = 0) -> dict[str, str]:
+    """The agent's side of :func:`private_line`: read exactly one line from ``fd`` (nothing more, so
+    the rest of stdin, whose end means "stop", stays unread). Empty when the driver sent nothing."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > _PRIVATE_LINE_LIMIT:
+            raise ValueError(f"the driver's first line on stdin is longer than {_PRIVATE_LINE_LIMIT} bytes")
+    if not data.strip():
+        return {}
+    values = json.loads(data.decode())
+    if not isinstance(values, dict) or not set(values) <= set(PRIVATE_VARIABLES) \
+            or not all(isinstance(v, str) for v in values.values()):
+        raise ValueError("the driver's first line on stdin is not the job's private variables")
+    return values
 
 
 def socket_if_names() -> list[tuple[int, str]]:

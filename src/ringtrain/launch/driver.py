@@ -21,16 +21,21 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ringtrain import __version__
-from ringtrain.exceptions import UsageError
+from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET
+from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.agent import NodeSpec, run_node
-from ringtrain.launch.config import DriverLink, LaunchConfig, worker_environment
+from ringtrain.launch.config import DriverLink, LaunchConfig, private_line, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
 from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, probe_hosts, remote_command
 from ringtrain.launch.report import RankFailure, earliest, format_report
 from ringtrain.launch.worker_entry import is_python
+
+if TYPE_CHECKING:  # the job store pulls in torch, which the launcher imports only when it needs it
+    from ringtrain.engine.jobstore import JobStoreServer
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
 SHUTDOWN_GRACE = 30.0
@@ -105,20 +110,80 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
+    env = worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts)
+    server = None
+    if plan.local_only and not driven:
+        # Every rank runs here: this process hosts the job store, on loopback only. (A driver's agents
+        # get the driver's store from their stdin; the agents of a multi-node job started node by
+        # node leave it to rank 0, with the secret the user exported.)
+        secret = job_secret(environ)
+        server = host_job_store(secret, "127.0.0.1", environ)
+        env.update({ENV_ADDRESS: server.address, ENV_SECRET: secret})
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,
         rdzv_timeout=max(config.start_timeout, 1.0) * 4, max_restarts=config.max_restarts,
         host=hosts[plan.node_rank] if hosts and plan.node_rank < len(hosts) else None,
-        output_dir=config.output_filename,
-        env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
-        failure_marker=driven, verbose=config.verbose,
+        output_dir=config.output_filename, env=env, failure_marker=driven, verbose=config.verbose,
     )
     watcher = _watch_stdin() if driven else None
     try:
         return run_node(spec, list(config.command))
     finally:
         del watcher
+        if server is not None:
+            server.close()
+
+
+def job_secret(environ: Mapping[str, str]) -> str:
+    """The job's secret: the one the user exported (every node of a job started node by node must
+    share it), else a new one."""
+    from ringtrain.engine.auth import new_secret, secret_from_environ
+
+    try:
+        return secret_from_environ(environ) or new_secret()
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def host_job_store(secret: str, host: str, environ: Mapping[str, str]) -> JobStoreServer:
+    """The job store of this launch, listening on ``host`` (an address of the job's interface)."""
+    from ringtrain.engine.jobstore import JobStoreServer
+    from ringtrain.engine.settings import Settings
+
+    name = "RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS"
+    try:
+        knob = {name: environ[name]} if name in environ else {}
+        handshake = Settings.from_environ(knob).handshake_timeout_s
+        return JobStoreServer(secret, host=host, handshake_timeout=handshake)
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"{exc}. HINT: pass --network-interfaces with the interface the hosts share.") \
+            from None
+
+
+def _driver_store_address(config: LaunchConfig, remote_hosts: Sequence[str]) -> str:
+    """Where a driver's job store listens: loopback when every host is this one, else the address of
+    the job's interface (``--network-interfaces``), else the address this host uses to reach the first
+    remote host."""
+    from ringtrain.engine.control_plane import interface_address, route_address
+
+    if not remote_hosts:
+        return "127.0.0.1"  # every "host" is this machine
+    for name in config.network_interfaces:
+        address = interface_address(name)
+        if address:
+            return address
+    for host in remote_hosts:
+        try:
+            address = route_address(socket.gethostbyname(host))
+        except OSError:
+            continue
+        if address:
+            return address
+    raise UsageError(f"cannot tell which address of this host the hosts {', '.join(remote_hosts)} reach. "
+                     "HINT: pass --network-interfaces with the interface they share (e.g. eth0).")
 
 
 def _watch_stdin() -> threading.Thread:
@@ -202,7 +267,9 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
-    proc = subprocess.Popen(srun)
+    # Every node's agent (and through it every rank) gets the job's secret from srun's environment:
+    # rank 0 hosts the job store and the others must prove the same secret.
+    proc = subprocess.Popen(srun, env={**os.environ, ENV_SECRET: job_secret(os.environ)})
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -239,6 +306,12 @@ class _Node:
                     self.errors = (self.errors + [line])[-20:]
                 dest.write(line)  # type: ignore[attr-defined]
                 dest.flush()  # type: ignore[attr-defined]
+
+    def hand_over(self, line: bytes) -> None:
+        """Write the job's private variables first on the agent's stdin (kept open: EOF means stop)."""
+        with contextlib.suppress(OSError, ValueError):  # an agent that died is reported by its exit
+            self.proc.stdin.write(line)  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
 
     def stop(self) -> None:
         """Ask the agent to stop its ranks: EOF on its stdin (also over ssh), SIGTERM when local."""
@@ -285,6 +358,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     lock = threading.Lock()
     procs: list[_Node] = []
     stop_signal: list[int] = []
+    server: JobStoreServer | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
         stop_signal.append(signum)
@@ -295,6 +369,11 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             saved[sig] = signal.signal(sig, on_signal)
     try:
+        # The driver hosts the job store for every host's ranks; each agent gets its address and the
+        # secret as the first line on its stdin (never on a command line).
+        secret = job_secret(environ)
+        server = host_job_store(secret, _driver_store_address(config, remote_hosts), environ)
+        private = private_line({ENV_ADDRESS: server.address, ENV_SECRET: secret})
         for k, (node, is_local) in enumerate(zip(nodes, local)):
             argv = node_argv(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots, hosts))
             if is_local:
@@ -305,6 +384,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
+            procs[-1].hand_over(private)
         stopping_since: float | None = None
         while any(p.proc.poll() is None for p in procs):
             bad = stop_signal or failures or any(p.proc.poll() not in (None, 0) for p in procs)
@@ -322,6 +402,8 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     finally:
         for p in procs:
             p.kill()
+        if server is not None:
+            server.close()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     if stop_signal:

@@ -6,17 +6,20 @@ is the node's :class:`~ringtrain.launch.config.LaunchConfig` as JSON, so the pub
 parser needs no hidden flags and a new field reaches every node unchanged.
 
 The JSON is visible in ``ps`` on every host: it must never carry a secret. Anything secret travels
-another way: in the environment (srun forwards it; the local agent inherits it), or over the agent's
-stdin, which ssh carries and the driver already holds open (its EOF means "stop").
+another way: in the environment (srun forwards it), or over the agent's stdin, which ssh carries and
+the driver already holds open (its EOF means "stop"): a driver's first line there holds the job
+store's address and the job's secret (:func:`~ringtrain.launch.config.private_line`), which this
+agent's workers get in their environment.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 from ringtrain.exceptions import UsageError
-from ringtrain.launch.config import LaunchConfig
+from ringtrain.launch.config import LaunchConfig, read_private_line
 from ringtrain.launch.driver import launch
 
 USAGE = "usage: python -m ringtrain.launch.node_entry CONFIG_JSON (started by ringtrain run, not by hand)"
@@ -33,6 +36,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too
         print(f"ringtrain run: error: the node's configuration cannot be read: {exc}", file=sys.stderr)
         return 2
+    if config.driver is not None:
+        # The driver's first line on stdin: the job store's address and the job's secret, for the
+        # workers' environment (they inherit this process's).
+        try:
+            private = read_private_line(0)
+        except (OSError, ValueError) as exc:
+            print(f"ringtrain run: error: the driver's handover on stdin cannot be read: {exc}",
+                  file=sys.stderr)
+            return 2
+        if not private:
+            print("ringtrain run: error: the driver went away before handing over the job's secret",
+                  file=sys.stderr)
+            return 1
+        os.environ.update(private)
     try:
         return launch(config)
     except UsageError as exc:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ringtrain.exceptions import UsageError
+from ringtrain.launch.config import PRIVATE_VARIABLES
 
 #: Variables a remote agent needs from here: where Python and our package are, and every knob of the
 #: libraries the workers use.
@@ -26,6 +27,10 @@ def forwarded_environment(environ: Mapping[str, str],
            if _SAFE_NAME.match(k) and (k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))}
     # CUDA_VISIBLE_DEVICES names this machine's GPUs, not the remote one's.
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The job's secret and its store's address go over the ssh session's stdin, never on the remote
+    # command line (which every user of that host can read in `ps`).
+    for name in PRIVATE_VARIABLES:
+        env.pop(name, None)
     env.update(extra or {})
     return env
 

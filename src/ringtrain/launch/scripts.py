@@ -12,6 +12,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from ringtrain.engine.auth import export_secret_line
+
 #: Scheduler names accepted by :func:`render`.
 SCHEDULERS = ("slurm", "pbs")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -102,6 +104,8 @@ def slurm_script(job: JobScript) -> str:
         "# which starts that node's ranks and meets the other nodes at the first host of the job.",
         "set -euo pipefail",
         *job.setup,
+        "# The nodes start their ranks separately: they prove this per-job secret to each other.",
+        export_secret_line(job.python),
         "",
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
         "    " + _launch_line(job, "--nproc-per-node", str(job.procs_per_node)),
