@@ -243,7 +243,7 @@ class JobStoreServer:
 
         async def start() -> None:
             self._changed = asyncio.Condition()
-            self._server = await asyncio.start_server(self._serve, sock=listener,
+            self._server = await asyncio.start_server(self._serve, sock=listener, backlog=1024,
                                                       limit=MAX_MESSAGE_BYTES + 64)
 
         try:
