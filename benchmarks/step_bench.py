@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import socket
 import statistics
 import subprocess
@@ -162,7 +163,10 @@ def measure_pairs(pairs: list[tuple[Variant, Variant]], warmup: int, windows: in
 def worker(rank: int, world: int, port: int, ddp_port: int, cfg: dict[str, Any], out: str) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+                       "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+                       # as under `ringtrain run`: every connection proves the job's secret (at connect
+                       # time only; the timed steps run on connections already proven)
+                       "RINGTRAIN_JOB_SECRET": cfg["secret"]})
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ddp_port}", rank=rank, world_size=world)
@@ -279,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     cfg = {"models": models, "warmup": args.warmup, "windows": args.windows,
-           "steps": {"mnist_cnn": args.mnist_steps, "resnet18": args.resnet_steps}}
+           "steps": {"mnist_cnn": args.mnist_steps, "resnet18": args.resnet_steps},
+           "secret": secrets.token_hex(32)}
     if args.quick:
         cfg.update(warmup=1, windows=2, steps={"mnist_cnn": 3, "resnet18": 1})
     info = machine()

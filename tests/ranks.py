@@ -1,7 +1,8 @@
 """Real ranks for tests: processes on gloo over loopback, kept alive across tests.
 
 ``RankPool(n)`` starts ``n`` spawned processes with the torchrun variables set (RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one thread each. ``pool.run(fn, *args)``
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the job's secret, one thread each.
+``pool.run(fn, *args)``
 calls the module-level function ``fn(*args)`` on every rank at once and returns the results in rank
 order; if any rank raises, :class:`RankFailure` carries every rank's traceback. Each call gets a
 fresh MASTER_PORT, as a new job would. A rank that does not
@@ -26,6 +27,10 @@ class RankFailure(AssertionError):
     """One or more ranks raised or did not answer."""
 
 
+#: The secret of every test job (an empty RINGTRAIN_JOB_SECRET in ``env`` runs one unauthenticated).
+TEST_SECRET = "tests" * 13
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -45,6 +50,8 @@ def rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | N
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": "1",
+        # The ranks of one test job share a secret, as ranks started by `ringtrain run` do.
+        "RINGTRAIN_JOB_SECRET": TEST_SECRET,
     }
     env.update(extra or {})
     return env

@@ -1,4 +1,5 @@
-"""Promises the repository makes about itself: the README's commands are what CI runs, no machine paths."""
+"""Promises the repository makes about itself: the README's commands are what CI runs, no machine paths,
+nothing loaded or unpickled where a stranger could have written it."""
 
 import ast
 import re
@@ -125,3 +126,46 @@ def test_the_minimal_install_has_every_package_the_code_imports() -> None:
     assert at_load <= installed, f"imported on load, not a dependency: {sorted(at_load - installed)}"
     missing = sorted(lazily - installed - extras)
     assert not missing, f"imported, but in no dependency or extra: {missing}"
+
+
+#: Every place in the package that unpickles, and why that is safe (docs/security.md).
+UNPICKLERS = {
+    # broadcast_object / allgather_object: data from the job's own ranks (Horovod's API contract);
+    # only processes that proved the job's secret reach the collectives that carry it.
+    "src/ringtrain/functions.py": 2,
+    # ringtrain.run(func): the call and its results, in a private folder this user's launcher made.
+    "src/ringtrain/launch/api.py": 1,
+    "src/ringtrain/launch/func_runner.py": 1,
+    # CIFAR-10's batches: an Unpickler that refuses every global but numpy's array pieces.
+    "src/ringtrain/workloads/cifar.py": 1,
+}
+
+
+def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            named = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+            owner = func.value.id if named else ""
+            found.append((f"{owner}.{name}" if owner else name, node))
+    return found
+
+
+def test_torch_load_is_weights_only_and_unpickling_stays_where_it_is_safe() -> None:
+    unpicklers: dict[str, int] = {}
+    unsafe_loads = []
+    for path in sorted((ROOT / "src" / "ringtrain").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        for called, node in _calls(ast.parse(path.read_text())):
+            if called == "torch.load":
+                weights_only = [k for k in node.keywords if k.arg == "weights_only"]
+                if not (weights_only and isinstance(weights_only[0].value, ast.Constant)
+                        and weights_only[0].value.value is True):
+                    unsafe_loads.append(f"{name}:{node.lineno}")
+            if called in ("pickle.load", "pickle.loads", "cloudpickle.load", "cloudpickle.loads",
+                          "pickle.Unpickler", "_BatchUnpickler") or called.endswith("Unpickler"):
+                unpicklers[name] = unpicklers.get(name, 0) + 1
+    assert unsafe_loads == [], "torch.load must pass weights_only=True"
+    assert unpicklers == UNPICKLERS, "a new unpickling site: say in UNPICKLERS why its bytes are trusted"

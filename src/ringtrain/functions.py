@@ -124,6 +124,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """Send a picklable object from ``root_rank`` (a global rank) to every member of the set.
 
     Returns the root's object on every rank (the root gets its own object back, not a copy).
+    The object travels as a pickle and is unpickled on every rank, as in Horovod: that is a contract
+    between the ranks of one job, which trust each other. Nobody else can feed it: every connection
+    that carries it proved the job's secret first (docs/security.md).
     """
     name = name or type(obj).__name__
     if mpi_ops.rank() == root_rank:
@@ -140,7 +143,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Gather a picklable object from every rank; a list in rank order."""
+    """Gather a picklable object from every rank; a list in rank order.
+
+    Unpickles every rank's object, as :func:`broadcast_object` does (same trust: the job's ranks only).
+    """
     name = name or type(obj).__name__
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
     sizes = mpi_ops.allgather(torch.tensor([payload.numel()], dtype=torch.int32), name=name + ".sz")

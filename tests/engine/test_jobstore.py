@@ -37,15 +37,18 @@ def store(server: jobstore.JobStoreServer) -> Iterator[jobstore.JobStore]:
 
 
 def _still_open(sock: socket.socket) -> bool:
-    """True while the other side has not closed ``sock`` (nothing to read, no end-of-file)."""
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return True
+    """True while the other side has not closed ``sock`` (what it sent, such as a greeting, is read)."""
+    sock.setblocking(False)
     try:
-        data = sock.recv(4096, socket.MSG_PEEK)
+        while sock.recv(65536):
+            pass
+        return False  # end of file
+    except BlockingIOError:
+        return True
     except OSError:
         return False
-    return bool(data)
+    finally:
+        sock.setblocking(True)
 
 
 def _wait_closed(sock: socket.socket, guard_s: float = 60.0) -> bool:
@@ -280,26 +283,25 @@ class _Relay:
     def _run(self) -> None:
         client, _ = self.listener.accept()
         upstream = socket.create_connection(("127.0.0.1", self.target_port))
-        socks = [client, upstream]
         count = 0
-        while True:
-            readable, _, _ = select.select(socks, [], [], 60)
-            if not readable:
-                break
-            for sock in readable:
-                data = sock.recv(65536)
-                if not data:
-                    client.close()
-                    upstream.close()
+        # Either side closing (or resetting) ends the relay, and both connections with it.
+        with client, upstream, contextlib.suppress(OSError):
+            while True:
+                readable, _, _ = select.select([client, upstream], [], [], 60)
+                if not readable:
                     return
-                if sock is client:
-                    if self.change is not None:
-                        data = self.change(count, data)
-                    count += 1
-                    self.from_client.append(data)
-                    upstream.sendall(data)
-                else:
-                    client.sendall(data)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is client:
+                        if self.change is not None:
+                            data = self.change(count, data)
+                        count += 1
+                        self.from_client.append(data)
+                        upstream.sendall(data)
+                    else:
+                        client.sendall(data)
 
 
 def test_a_recorded_handshake_and_requests_cannot_be_replayed(server, store):
@@ -408,3 +410,18 @@ def test_addresses():
     for bad in ("nohost", "h:", ":12", "h:99999", "h:x"):
         with pytest.raises(ValueError, match="is not HOST:PORT.*HINT"):
             jobstore.split_address(bad)
+
+
+def test_a_relay_cannot_replay_a_request_inside_the_connection(server, store, caplog):
+    caplog.set_level(logging.WARNING, logger="ringtrain.security")
+
+    def repeat_first_request(index: int, data: bytes) -> bytes:
+        return data + data if index == 1 else data
+
+    relay = _Relay(server.port, repeat_first_request)
+    victim = jobstore.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
+    assert victim.add("counter", 1) == 1
+    with pytest.raises(JobStoreError, match="lost the connection"):
+        victim.add("counter", 1)  # the server closed the connection at the repeated copy
+    assert store.get("counter") == b"1"
+    assert any("integrity check" in r.getMessage() for r in caplog.records)

@@ -38,14 +38,15 @@ class _Reports:
         return report
 
 
-def _start(size: int, timeout_s: float, reports: _Reports, address=lambda r: "127.0.0.1"):
-    store = dist.HashStore()
+def _start(size: int, timeout_s: float, reports: _Reports, address=lambda r: "127.0.0.1",
+           secret: str | None = None, store=None):
+    store = dist.HashStore() if store is None else store
     out: dict[int, object] = {}
 
     def start(rank: int) -> None:
         out[rank] = liveness.Heartbeats.start(
             store, rank, size, f"host{rank}", "node", ["127.0.0.1"], address, timeout_s, 30.0,
-            reports.callback(rank))
+            reports.callback(rank), secret=secret, scope="test/gen1")
 
     threads = [threading.Thread(target=start, args=(r,)) for r in range(size)]
     for t in threads:
@@ -252,3 +253,30 @@ def test_every_survivor_raises_naming_the_rank_that_was_killed_or_hung(tmp_path,
         print(f"rank {rank} raised {raised - signalled:.1f} s after rank {victim} got {sig.name}")
         assert f"rank {victim} on host {socket.gethostname()}" in out, out
         assert f"exited {rank}" in out, out
+
+
+def test_with_a_secret_nobody_without_it_can_forge_a_failure_notice():
+    # An outsider that even read the store's published value cannot make a FAIL datagram the ranks
+    # accept; one made with the job's secret is accepted (so the check is what stops the first).
+    reports = _Reports(2)
+    store = dist.HashStore()
+    secret = "s" * 64
+    beats = _start(2, 30.0, reports, secret=secret, store=store)
+    try:
+        published = bytes.fromhex(store.get("live/nonce").decode())
+        assert liveness.job_nonce(published, secret, "test/gen1") != published
+        assert liveness.job_nonce(published, "t" * 64, "test/gen1") != liveness.job_nonce(published, secret,
+                                                                                          "test/gen1")
+        port = beats[0]._sock.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as outsider:
+            forged = liveness._DATAGRAM.pack(liveness._MAGIC, published, liveness._FAIL, 1, 1)
+            for _ in range(20):
+                outsider.sendto(forged, ("127.0.0.1", port))
+            assert not reports.events[0].wait(2.0), reports.reasons
+            value = liveness.job_nonce(published, secret, "test/gen1")
+            genuine = liveness._DATAGRAM.pack(liveness._MAGIC, value, liveness._FAIL, 1, 1)
+            outsider.sendto(genuine, ("127.0.0.1", port))
+            assert reports.events[0].wait(30), "a notice with the job's value must be taken"
+    finally:
+        for b in beats:
+            b.stop()

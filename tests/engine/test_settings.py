@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ringtrain.engine import store
 from ringtrain.engine.settings import Choice, Number, Settings, knob_of, knobs, markdown_table
 from ringtrain.exceptions import SettingError
 
@@ -144,7 +145,7 @@ def test_no_module_but_settings_reads_a_knob():
 
 
 #: The engine and the Horovod API: only the settings module reads the environment (and the store,
-#: for torchrun's TORCHELASTIC_USE_AGENT_STORE, which is a fact about the launch, not a knob).
+#: for the facts of the launch in store.LAUNCH_FACTS, which are not knobs).
 _API = ("engine/", "elastic/", "mpi_ops.py", "optimizer.py", "functions.py", "compression.py",
         "process_sets.py", "sync_batch_norm.py", "ops/")
 _ENVIRON_READERS = {"engine/settings.py", "engine/store.py"}
@@ -158,7 +159,9 @@ def test_engine_and_api_modules_do_not_read_the_environment():
         if relative.startswith(_API) and lines:
             found.add(relative)
         if relative == "engine/store.py":
-            assert all("TORCHELASTIC_USE_AGENT_STORE" in line for line in lines)
+            # only the facts of the launch (torchrun's run and attempt, the job store and secret)
+            assert all("LAUNCH_FACTS" in line for line in lines), lines
+    assert not {k.variable for k in knobs()} & set(store.LAUNCH_FACTS), "a knob belongs in Settings"
     assert found == _ENVIRON_READERS
 
 

@@ -141,7 +141,7 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     drop_prefixes = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HOROVOD_", "TORCHELASTIC_", "PET_")
     drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+            "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTRAIN_JOB_SECRET", "RINGTRAIN_JOB_STORE"}
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     # Daemons and ip/tc live in sbin, which a non-login root shell may lack on its PATH.

@@ -83,14 +83,24 @@ def driven_config(tmp_path: Path, *mode: str) -> LaunchConfig:
     return driver.node_config(config, 0, 1, 2, f"127.0.0.1:{free_port()}", "test-run", [2], ["nodeA"])
 
 
-class Agent:
-    """A driven agent as a driver holds it: its stdin open (EOF means stop), its output in files."""
+#: The secret the tests' driver hands its agents on stdin.
+SECRET = "d" * 64
 
-    def __init__(self, config: LaunchConfig, folder: Path) -> None:
+
+class Agent:
+    """A driven agent as a driver holds it: its stdin open (EOF means stop), its output in files.
+
+    Like a driver, it first writes the job's secret on the agent's stdin (``secret=None``: nothing).
+    """
+
+    def __init__(self, config: LaunchConfig, folder: Path, secret: str | None = SECRET) -> None:
         self.out, self.err = folder / "agent.out", folder / "agent.err"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(driver.node_argv(config), stdin=subprocess.PIPE, stdout=out,
                                          stderr=err, text=True)
+        if secret is not None:
+            self.proc.stdin.write(secret + "\n")
+            self.proc.stdin.flush()
 
     def wait(self, timeout: float = 240) -> tuple[int, str, str]:
         try:
@@ -107,7 +117,8 @@ class Agent:
 
 
 def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
-    code, out, err = Agent(driven_config(tmp_path), tmp_path).wait()
+    config = driven_config(tmp_path)
+    code, out, err = Agent(config, tmp_path).wait()
     assert code == 0, err
     ranks = read_ranks(tmp_path / "ranks")
     assert sorted(ranks) == [0, 1]
@@ -116,7 +127,21 @@ def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
         assert env["HOROVOD_HOSTNAME"] == "nodeA"  # from the driver's node hosts
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
         assert env["HOROVOD_CYCLE_TIME"] == "7"  # the config's tuning reached the workers
+        # the secret came over stdin, not on the agent's command line; the job store is node 0's
+        # (this agent's own, on the rendezvous endpoint)
+        assert env["RINGTRAIN_JOB_SECRET"] == SECRET
+        assert env["RINGTRAIN_JOB_STORE"] == config.rdzv_endpoint
+        assert SECRET not in " ".join(env["argv"])
     assert "[1] hello from rank 1" in out
+
+
+def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
+    agent = Agent(driven_config(tmp_path), tmp_path, secret=None)
+    agent.proc.stdin.close()  # the driver went away before handing anything over
+    code, _, err = agent.wait()
+    assert code == 1
+    assert "the driver went away before handing over the job's secret" in err
+    assert read_ranks(tmp_path / "ranks") == {}
 
 
 def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):

@@ -116,3 +116,21 @@ def _alive(pid: int) -> bool:
             return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_secret_never_travels_on_a_command_line(sshd, loopback_is_remote, tmp_path, capsys, monkeypatch):
+    port, key = sshd
+    secret = "ab" * 32
+    monkeypatch.setenv("RINGTRAIN_JOB_SECRET", secret)  # exported by the user: forwarded, but not on argv
+    code = main(["run", "--verbose", "-H", "localhost:1,127.0.0.1:1", "-p", str(port), "-i", key,
+                 sys.executable, str(SCRIPTS / "report_env.py"), str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "ssh" in captured.err  # --verbose printed the remote command lines
+    assert secret not in captured.err + captured.out
+    ranks = read_ranks(tmp_path)
+    assert sorted(ranks) == [0, 1]
+    # Both hosts' ranks got the job's secret and the driver's store, from the environment / stdin.
+    assert {ranks[r]["RINGTRAIN_JOB_SECRET"] for r in ranks} == {secret}
+    assert len({ranks[r]["RINGTRAIN_JOB_STORE"] for r in ranks}) == 1
+    assert all(secret not in " ".join(ranks[r]["argv"]) for r in ranks)

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
+import shlex
 import sys
 from collections.abc import Mapping
 
@@ -37,6 +37,8 @@ from ringtrain.exceptions import SettingError
 
 #: The variable that carries the secret to the workers.
 ENV_SECRET = "RINGTRAIN_JOB_SECRET"
+#: The variable that tells workers where their launcher's job store listens (``host:port``).
+ENV_ADDRESS = "RINGTRAIN_JOB_STORE"
 #: Shortest secret accepted from the environment (characters).
 MIN_SECRET_CHARS = 32
 #: Bytes of every nonce and every proof.
@@ -51,13 +53,13 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def secret_from_environ(environ: Mapping[str, str] | None = None) -> str | None:
-    """The job's secret from ``RINGTRAIN_JOB_SECRET``; None when it is not set (unauthenticated job).
+def secret_from_environ(environ: Mapping[str, str]) -> str | None:
+    """The job's secret from ``RINGTRAIN_JOB_SECRET`` in ``environ`` (the process's environment, say);
+    None when it is not set (an unauthenticated job).
 
     A secret shorter than :data:`MIN_SECRET_CHARS` characters is refused with a
     :class:`~ringtrain.exceptions.SettingError`: a guessable secret protects nothing.
     """
-    environ = os.environ if environ is None else environ
     value = environ.get(ENV_SECRET, "").strip()
     if not value:
         return None
@@ -69,9 +71,13 @@ def secret_from_environ(environ: Mapping[str, str] | None = None) -> str | None:
     return value
 
 
-def export_secret_line() -> str:
-    """A shell line that exports a fresh secret (for job scripts and error messages)."""
-    return (f'export {ENV_SECRET}="${{{ENV_SECRET}:-$(python3 -c '
+def export_secret_line(python: str = "python3") -> str:
+    """A shell line that exports a fresh secret unless one is set (for job scripts and hints).
+
+    ``python``: the interpreter the line runs (a job script's own). Used by ``ringtrain script``:
+    the nodes of a Slurm job start their ranks separately and must share the secret.
+    """
+    return (f'export {ENV_SECRET}="${{{ENV_SECRET}:-$({shlex.quote(python)} -c '
             "'import secrets; print(secrets.token_hex(32))')}\"")
 
 

@@ -114,7 +114,8 @@ class Engine:
         heartbeats = liveness.Heartbeats.start(
             world.store, self.rank, self.size, world.hostname, node_identity(),
             candidate_addresses(world.main_address, settings.gloo_socket_ifname), peer_address,
-            settings.peer_timeout_s, settings.gloo_timeout_s, self._peer_failed)
+            settings.peer_timeout_s, settings.gloo_timeout_s, self._peer_failed, secret=world.secret,
+            scope=world.scope)
         if plane is not None:
             plane.names = heartbeats.names
             plane.watch_links(settings.peer_timeout_s)

@@ -22,9 +22,17 @@ the sockets ends with the heartbeats' reason. :meth:`ControlPlane.watch_links` a
 probe idle connections and give up on unacknowledged rounds (TCP keepalive and
 ``TCP_USER_TIMEOUT``), for hosts between which the heartbeats' UDP does not pass.
 
-Setup goes through the job's store: rank 0 publishes a random token, each rank publishes where it
-listens, connects to every lower rank and accepts every higher one. A connection is accepted only
-with the job's token and a rank that is still missing.
+Setup goes through the job's store (:mod:`ringtrain.engine.jobstore`, open only to the job's
+processes): each rank listens (on loopback when every rank runs on one host, on the interface of
+``GLOO_SOCKET_IFNAME`` when one is named, else on every interface), publishes where, dials every
+lower rank and accepts every higher one. Every connection proves the job's secret both ways before
+anything else crosses it (:mod:`ringtrain.engine.auth`: HMAC over a nonce from each side and the
+ranks the connection claims to join), so neither a recorded handshake nor an address an outsider
+slipped in gets anybody onto the mesh. Handshakes run side by side in one loop, each with its own
+deadline and at most :data:`MAX_PENDING_HANDSHAKES` unproven connections at a time, so idle or slow
+strangers cannot hold up setup; they are closed and logged in one line (logger
+``ringtrain.security``). The listener closes once the mesh is complete. Authentication happens at
+connect time only: the per-round path carries no extra byte.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
-import secrets
+import selectors
 import socket
 import struct
 import time
@@ -42,7 +51,8 @@ from typing import Any
 
 import torch
 
-from ringtrain.exceptions import ControlPlaneError
+from ringtrain.engine import auth
+from ringtrain.exceptions import AuthenticationError, ControlPlaneError
 
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
 #: buffers are small (see ``max_message``); larger exchanges go through gloo.
@@ -50,8 +60,20 @@ MAX_MESSAGE_BYTES = 256 * 1024
 #: Largest world for which a full mesh is built (each rank holds size - 1 sockets).
 DEFAULT_MAX_RANKS = 128
 
-_MAGIC = b"RTCTRL01"
-_HELLO = struct.Struct("<8s32sI")
+#: Seconds one connection gets to complete its handshake.
+HANDSHAKE_TIMEOUT = 10.0
+#: Unproven incoming connections at once; a new one beyond this closes the oldest.
+MAX_PENDING_HANDSHAKES = 64
+
+log = logging.getLogger("ringtrain.security")
+
+_PURPOSE = "control plane v1"
+_MAGIC = b"RTCTRL02"
+#: What a dialing rank claims: its own rank and the rank it dials.
+_CLAIMS = struct.Struct("<II")
+_GREETING_BYTES = len(_MAGIC) + auth.NONCE_BYTES
+_HELLO_BYTES = len(_MAGIC) + auth.NONCE_BYTES + _CLAIMS.size + auth.PROOF_BYTES
+_ACCEPTED, _REFUSED = b"\x01", b"\x00"
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _SIOCGIFADDR = 0x8915
@@ -72,7 +94,7 @@ def node_identity() -> str:
     return "/".join(parts)
 
 
-def _interface_address(name: str) -> str | None:
+def interface_address(name: str) -> str | None:
     """IPv4 address of network interface ``name`` (Linux), or None."""
     try:
         import fcntl
@@ -84,7 +106,7 @@ def _interface_address(name: str) -> str | None:
         return None
 
 
-def _route_address(target: str) -> str | None:
+def route_address(target: str) -> str | None:
     """The local IPv4 address the kernel would use to reach ``target`` (no packet is sent)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -99,9 +121,9 @@ def candidate_addresses(main_address: str, interfaces: Sequence[str] = ()) -> li
     ``GLOO_SOCKET_IFNAME``)."""
     found: list[str | None] = []
     for name in interfaces:
-        found.append(_interface_address(name))
+        found.append(interface_address(name))
     if main_address:
-        found.append(_route_address(main_address))
+        found.append(route_address(main_address))
     with contextlib.suppress(OSError):
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
             found.append(str(info[4][0]))
@@ -133,6 +155,8 @@ class ControlPlane:
         self._scratch = torch.empty(0, dtype=torch.uint8)
         #: Largest message every rank can buffer twice over (the same value on all ranks).
         self.max_message = MAX_MESSAGE_BYTES
+        #: Incoming connections turned away during setup (they did not prove the job's secret).
+        self.refused = 0
 
     @classmethod
     def connect(
@@ -144,53 +168,50 @@ class ControlPlane:
         timeout_s: float,
         round_timeout_s: float,
         interfaces: Sequence[str] = (),
+        *,
+        secret: str | None = None,
+        bind_host: str | None = None,
+        scope: str = "",
+        handshake_timeout_s: float | None = None,
     ) -> ControlPlane:
-        """Build the mesh through ``store`` (every rank of the world calls this)."""
-        if rank == 0:
-            store.set("ctrl/token", secrets.token_hex(16))
-        token = store.get("ctrl/token").decode()
+        """Build the mesh through ``store`` (every rank of the world calls this).
+
+        ``secret``: the job's (None: an unauthenticated job). ``bind_host``: where to listen (None:
+        every interface). ``scope``: the generation's namespace; every proof is bound to it.
+        ``handshake_timeout_s``: how long one connection may take to prove itself (default
+        :data:`HANDSHAKE_TIMEOUT`).
+        """
+        key = auth.derive_key(secret, _PURPOSE)
+        host = bind_host or "0.0.0.0"
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen(max(size, 16))
+        try:
+            listener.bind((host, 0))
+        except OSError as exc:
+            listener.close()
+            raise ControlPlaneError(
+                f"rank {rank}: cannot listen on {host} for the control plane: {exc}. HINT: check "
+                "GLOO_SOCKET_IFNAME, or set RINGTRAIN_CONTROL_PLANE=gloo.") from None
+        listener.listen(max(size, 128))
         port = listener.getsockname()[1]
-        me = {"node": node_identity(), "port": port, "hosts": candidate_addresses(main_address, interfaces)}
+        me = {"node": node_identity(), "port": port, "bound": host,
+              "hosts": [host] if host != "0.0.0.0" else candidate_addresses(main_address, interfaces)}
         store.set(f"ctrl/addr/{rank}", json.dumps(me))
-        peers: dict[int, socket.socket] = {}
         deadline = time.monotonic() + timeout_s
+        setup = _MeshSetup(key, scope.encode(), rank, size, listener, deadline, timeout_s,
+                           HANDSHAKE_TIMEOUT if handshake_timeout_s is None else handshake_timeout_s)
         try:
             for peer in range(rank):
                 info = json.loads(store.get(f"ctrl/addr/{peer}").decode())
-                sock = _dial(info, me["node"], peer, deadline)
-                sock.sendall(_HELLO.pack(_MAGIC, token.encode(), rank))
-                peers[peer] = sock
-            while len(peers) < size - 1:
-                listener.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
-                    sock, _ = listener.accept()
-                except TimeoutError:
-                    missing = sorted(set(range(size)) - set(peers) - {rank})
-                    raise ControlPlaneError(
-                        f"rank {rank}: ranks {missing} did not connect to the control plane within "
-                        f"{timeout_s:g} s. HINT: check that the hosts reach each other on TCP, set "
-                        "GLOO_SOCKET_IFNAME to the interface they share, or set "
-                        "RINGTRAIN_CONTROL_PLANE=gloo."
-                    ) from None
-                sender = _read_hello(sock, token, rank, size, set(peers))
-                if sender is None:
-                    sock.close()
-                    continue
-                peers[sender] = sock
-        except BaseException:
-            for sock in peers.values():
-                sock.close()
-            raise
+                setup.dial(peer, _dial_hosts(info, me["node"]), int(info["port"]))
+            peers = setup.run()
         finally:
             listener.close()
         limit = MAX_MESSAGE_BYTES
         for sock in peers.values():
             limit = min(limit, _tune(sock, round_timeout_s))
         plane = cls(rank, size, peers, round_timeout_s)
+        plane.refused = setup.refused
         limits = plane.allgather(_LENGTH.pack(limit))
         plane.max_message = min(_LENGTH.unpack(bytes(data))[0] for data in limits)
         return plane
@@ -392,35 +413,285 @@ def _tune(sock: socket.socket, timeout_s: float) -> int:
     return max(4096, held // 4)
 
 
-def _dial(info: dict[str, Any], my_node: str, peer: int, deadline: float) -> socket.socket:
-    hosts = list(info["hosts"])
+def _dial_hosts(info: dict[str, Any], my_node: str) -> list[str]:
+    """Where to reach a peer, most likely first: its bound address, or loopback on the same node."""
+    bound = str(info.get("bound", "0.0.0.0"))
+    if bound not in ("", "0.0.0.0"):
+        return [bound]
+    hosts = [str(h) for h in info["hosts"]]
     if info["node"] == my_node:
         hosts.insert(0, "127.0.0.1")
-    errors = []
-    while True:
-        for host in hosts:
+    return hosts
+
+
+class _Handshake:
+    """One connection being set up: ``dialed`` (we dialed ``peer``) or accepted (peer still unknown)."""
+
+    def __init__(self, sock: socket.socket, source: str, deadline: float, peer: int | None = None) -> None:
+        self.sock, self.source, self.deadline = sock, source, deadline
+        self.peer = peer
+        self.dialed = peer is not None
+        self.state = "connecting" if self.dialed else "magic"
+        self.inbox = bytearray()
+        self.need = 0 if self.dialed else len(_MAGIC)
+        self.outbox = bytearray()
+        self.server_nonce = b""
+        self.client_nonce = b""
+        self.claims = b""
+
+
+class _Dial:
+    """The attempts to reach one lower rank: its addresses in turn, again after a pause, until done."""
+
+    def __init__(self, peer: int, hosts: list[str], port: int) -> None:
+        self.peer, self.hosts, self.port = peer, hosts, port
+        self.index = 0
+        self.retry_at = 0.0
+        self.current: _Handshake | None = None
+        self.errors: list[str] = []
+
+
+class _MeshSetup:
+    """Dial every lower rank and accept every higher one, all handshakes side by side in one loop."""
+
+    def __init__(self, key: bytes, scope: bytes, rank: int, size: int, listener: socket.socket,
+                 deadline: float, timeout_s: float, handshake_timeout_s: float) -> None:
+        self.key, self.scope, self.rank, self.size = key, scope, rank, size
+        self.listener, self.deadline, self.timeout_s = listener, deadline, timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.selector = selectors.DefaultSelector()
+        self.dials: dict[int, _Dial] = {}
+        self.pending: dict[int, _Handshake] = {}  # accepted, unproven; oldest first (by fd)
+        self.peers: dict[int, socket.socket] = {}
+        self.refused = 0
+        self._logged: set[str] = set()
+
+    def dial(self, peer: int, hosts: list[str], port: int) -> None:
+        self.dials[peer] = _Dial(peer, hosts, port)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self) -> dict[int, socket.socket]:
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            while len(self.peers) < self.size - 1:
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise self._timeout_error()
+                for dial in self.dials.values():
+                    if dial.current is None and dial.peer not in self.peers and now >= dial.retry_at:
+                        self._start_dial(dial)
+                waiting = [d for d in self.dials.values() if d.current is None and d.peer not in self.peers]
+                wake = [self.deadline, *(d.retry_at for d in waiting)]
+                wake += [h.deadline for h in self._handshakes()]
+                for key, mask in self.selector.select(max(0.0, min(wake) - now)):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        self._step(key.data, mask)
+                now = time.monotonic()
+                for handshake in self._handshakes():
+                    if now >= handshake.deadline:
+                        self._fail(handshake, f"sent no valid proof within {self.handshake_timeout_s:g} s")
+        except BaseException:
+            for sock in self.peers.values():
+                sock.close()
+            raise
+        finally:
+            for handshake in self._handshakes():
+                self._close(handshake)
+                if not handshake.dialed:
+                    self._refuse(handshake.source, "had proven nothing when the mesh was complete")
+            self.selector.close()
+        for sock in self.peers.values():
+            sock.setblocking(True)
+        return self.peers
+
+    def _handshakes(self) -> list[_Handshake]:
+        dialing = [d.current for d in self.dials.values() if d.current is not None]
+        return [*dialing, *self.pending.values()]
+
+    def _mismatch(self, what: str) -> AuthenticationError:
+        """The ranks do not share one secret: no retry can help, so say so at once."""
+        return AuthenticationError(
+            f"rank {self.rank}: {what}: the ranks of this job do not hold the same secret. HINT: every "
+            f"rank needs the same {auth.ENV_SECRET}; ringtrain run sets it, with other launchers export "
+            "one value on every rank.")
+
+    def _timeout_error(self) -> Exception:
+        missing = sorted(set(range(self.size)) - set(self.peers) - {self.rank})
+        unreachable = [f"rank {d.peer}: {d.errors[-1]}" for d in self.dials.values()
+                       if d.peer not in self.peers and d.errors]
+        detail = f" ({'; '.join(unreachable)})" if unreachable else ""
+        return ControlPlaneError(
+            f"rank {self.rank}: ranks {missing} did not connect to the control plane within "
+            f"{self.timeout_s:g} s{detail}. HINT: check that the hosts reach each other on TCP, set "
+            "GLOO_SOCKET_IFNAME to the interface they share, or set RINGTRAIN_CONTROL_PLANE=gloo.")
+
+    # --- dialing ----------------------------------------------------------------------------------
+    def _start_dial(self, dial: _Dial) -> None:
+        host = dial.hosts[dial.index % len(dial.hosts)]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        handshake = _Handshake(sock, f"{host}:{dial.port}", time.monotonic() + self.handshake_timeout_s,
+                               dial.peer)
+        dial.current = handshake
+        code = sock.connect_ex((host, dial.port))
+        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            self._fail(handshake, os.strerror(code))
+            return
+        self.selector.register(sock, selectors.EVENT_WRITE, handshake)
+
+    def _dial_failed(self, handshake: _Handshake, reason: str) -> None:
+        dial = self.dials[handshake.peer]  # type: ignore[index]
+        dial.current = None
+        dial.errors.append(f"{handshake.source}: {reason}")
+        dial.index += 1
+        if dial.index % len(dial.hosts) == 0:
+            dial.retry_at = time.monotonic() + 0.2  # every address tried: pause before the next round
+
+    # --- accepting --------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
             try:
-                return socket.create_connection((host, info["port"]), timeout=5.0)
-            except OSError as exc:
-                errors.append(f"{host}:{info['port']}: {exc}")
-        if time.monotonic() > deadline:
-            raise ControlPlaneError(
-                f"cannot reach rank {peer}'s control socket ({'; '.join(errors[-len(hosts):])}). "
-                "HINT: set GLOO_SOCKET_IFNAME to the interface the hosts share, or set "
-                "RINGTRAIN_CONTROL_PLANE=gloo."
-            )
-        time.sleep(0.2)
+                sock, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            if len(self.pending) >= MAX_PENDING_HANDSHAKES:
+                oldest = next(iter(self.pending.values()))
+                self._fail(oldest, f"gave way to newer connections ({MAX_PENDING_HANDSHAKES} were unproven)")
+            handshake = _Handshake(sock, f"{address[0]}:{address[1]}",
+                                   time.monotonic() + self.handshake_timeout_s)
+            handshake.server_nonce = auth.new_nonce()
+            handshake.outbox += _MAGIC + handshake.server_nonce
+            self.pending[sock.fileno()] = handshake
+            self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, handshake)
 
+    # --- one connection ---------------------------------------------------------------------------
+    def _step(self, handshake: _Handshake, mask: int) -> None:
+        try:
+            if handshake.state == "connecting":
+                if mask & selectors.EVENT_WRITE:
+                    code = handshake.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if code:
+                        self._fail(handshake, os.strerror(code))
+                        return
+                    handshake.state, handshake.need = "greeting", _GREETING_BYTES
+                    self.selector.modify(handshake.sock, selectors.EVENT_READ, handshake)
+                return
+            if mask & selectors.EVENT_WRITE and handshake.outbox:
+                sent = handshake.sock.send(handshake.outbox)
+                del handshake.outbox[:sent]
+            if mask & selectors.EVENT_READ and handshake.need > len(handshake.inbox):
+                data = handshake.sock.recv(handshake.need - len(handshake.inbox))
+                if not data:
+                    self._fail(handshake, "closed the connection during the handshake")
+                    return
+                handshake.inbox += data
+            if handshake.need and len(handshake.inbox) >= handshake.need:
+                message = bytes(handshake.inbox)
+                handshake.inbox.clear()
+                handshake.need = 0
+                self._advance(handshake, message)
+            if handshake.state == "done" and not handshake.outbox:
+                self._finish(handshake)
+            elif handshake.state != "closed":
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if handshake.outbox else 0)
+                self.selector.modify(handshake.sock, events, handshake)
+        except (BlockingIOError, InterruptedError):
+            return
+        except AuthenticationError:
+            raise  # (a ConnectionError, hence an OSError: not a network hiccup to retry)
+        except OSError as exc:
+            self._fail(handshake, str(exc))
 
-def _read_hello(sock: socket.socket, token: str, rank: int, size: int, have: set[int]) -> int | None:
-    """The sender's rank, or None for a connection that is not one of ours."""
-    sock.settimeout(10.0)
-    try:
-        magic, their_token, sender = _HELLO.unpack(_recv_exact(sock, _HELLO.size, -1))
-    except (OSError, struct.error):
-        return None
-    if magic != _MAGIC or their_token != token.encode():
-        return None
-    if not rank < sender < size or sender in have:
-        return None
-    return int(sender)
+    def _advance(self, handshake: _Handshake, message: bytes) -> None:
+        """The next step of the protocol, once ``message`` (exactly the bytes awaited) has arrived."""
+        if handshake.state == "magic":  # accepted: is this a ringtrain rank at all?
+            if message != _MAGIC:
+                self._fail(handshake, "is not a ringtrain control client (wrong greeting)")
+                return
+            handshake.state, handshake.need = "hello", _HELLO_BYTES - len(_MAGIC)
+        elif handshake.state == "hello":  # accepted: the dialer's nonce, claims and proof
+            handshake.client_nonce = message[:auth.NONCE_BYTES]
+            claims = message[auth.NONCE_BYTES:auth.NONCE_BYTES + _CLAIMS.size]
+            claimed = message[auth.NONCE_BYTES + _CLAIMS.size:]
+            sender, receiver = _CLAIMS.unpack(claims)
+            expected = auth.proof(self.key, b"client", handshake.server_nonce, handshake.client_nonce,
+                                  claims + self.scope)
+            if not auth.same(claimed, expected):
+                self._fail(handshake, "did not prove the job's secret", verdict=_REFUSED)
+                return
+            if receiver != self.rank or not self.rank < sender < self.size or sender in self.peers:
+                self._fail(handshake, f"proved the secret but claimed to be rank {sender} dialing rank "
+                                      f"{receiver}, which this rank does not expect", verdict=_REFUSED)
+                return
+            handshake.peer = sender
+            handshake.outbox += _ACCEPTED + auth.proof(self.key, b"server", handshake.server_nonce,
+                                                       handshake.client_nonce, claims + self.scope)
+            handshake.state = "done"
+        elif handshake.state == "greeting":  # dialed: the listener's nonce
+            if message[:len(_MAGIC)] != _MAGIC:
+                self._fail(handshake, "is not a ringtrain control socket")
+                return
+            handshake.server_nonce = message[len(_MAGIC):]
+            handshake.client_nonce = auth.new_nonce()
+            handshake.claims = _CLAIMS.pack(self.rank, handshake.peer) + self.scope
+            proof = auth.proof(self.key, b"client", handshake.server_nonce, handshake.client_nonce,
+                               handshake.claims)
+            handshake.outbox += _MAGIC + handshake.client_nonce + handshake.claims[:_CLAIMS.size] + proof
+            handshake.state, handshake.need = "verdict", 1
+        elif handshake.state == "verdict":
+            if message != _ACCEPTED:
+                self._close(handshake)
+                raise self._mismatch(f"rank {handshake.peer} at {handshake.source} refused this rank's proof")
+            handshake.state, handshake.need = "answer", auth.PROOF_BYTES
+        elif handshake.state == "answer":
+            expected = auth.proof(self.key, b"server", handshake.server_nonce, handshake.client_nonce,
+                                  handshake.claims)
+            if not auth.same(message, expected):
+                self._close(handshake)
+                raise self._mismatch(f"the control socket of rank {handshake.peer} at {handshake.source} "
+                                     "could not prove the job's secret")
+            handshake.state = "done"
+
+    def _finish(self, handshake: _Handshake) -> None:
+        self.selector.unregister(handshake.sock)
+        assert handshake.peer is not None
+        self.peers[handshake.peer] = handshake.sock
+        handshake.state = "proven"
+        if handshake.dialed:
+            self.dials[handshake.peer].current = None
+        else:
+            self.pending.pop(handshake.sock.fileno(), None)
+
+    def _fail(self, handshake: _Handshake, reason: str, verdict: bytes = b"") -> None:
+        if verdict:
+            with contextlib.suppress(OSError):
+                handshake.sock.send(verdict)
+        self._close(handshake)
+        if handshake.dialed:
+            self._dial_failed(handshake, reason)
+        else:
+            self._refuse(handshake.source, reason)
+
+    def _close(self, handshake: _Handshake) -> None:
+        if handshake.state == "closed":
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(handshake.sock)
+        if not handshake.dialed:
+            self.pending.pop(handshake.sock.fileno(), None)
+        handshake.sock.close()
+        handshake.state = "closed"
+
+    def _refuse(self, source: str, reason: str) -> None:
+        self.refused += 1
+        host = source.rsplit(":", 1)[0]
+        if host not in self._logged:
+            self._logged.add(host)
+            log.warning("ringtrain control plane (rank %d): closed a connection from %s that %s (further "
+                        "refusals from %s are counted, not logged)", self.rank, source, reason, host)

@@ -34,7 +34,8 @@ class EngineGroups:
         # at most HOROVOD_GLOO_TIMEOUT_SECONDS for a peer, as gloo operations do in Horovod.
         ctrl_timeout = settings.gloo_timeout_s if mode == "tcp" else round_timeout
         self.ctrl = make_gloo_group(
-            world, "control", list(range(self.size)), ctrl_timeout, settings.gloo_socket_ifname
+            world, "control", list(range(self.size)), ctrl_timeout, settings.gloo_socket_ifname,
+            setup_timeout_s=settings.gloo_timeout_s,
         )
         self.plane = self._connect_plane(mode, round_timeout)
         ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
@@ -110,7 +111,22 @@ class EngineGroups:
             timeout_s=self.settings.gloo_timeout_s,
             round_timeout_s=round_timeout,
             interfaces=self.settings.gloo_socket_ifname,
+            secret=self.world.secret,
+            bind_host=self._listen_address(),
+            scope=self.world.scope,
+            handshake_timeout_s=self.settings.handshake_timeout_s,
         )
+
+    def _listen_address(self) -> str | None:
+        """Where the control plane listens: loopback for a one-host job, else the interface named by
+        GLOO_SOCKET_IFNAME, else (None) every interface."""
+        if self.world.single_host:
+            return "127.0.0.1"
+        for name in self.settings.gloo_socket_ifname:
+            address = control_plane.interface_address(name)
+            if address:
+                return address
+        return None
 
     def _agree(self, key: str, choose: Callable[[], str]) -> str:
         """A setting every rank must share: rank 0's choice, published through the store."""

@@ -17,8 +17,8 @@ API::
     store.set("key", "value"); store.get("key")       # b"value" (get waits for the key)
     server.close()
 
-    jobstore.secret_from_environ()                    # RINGTRAIN_JOB_SECRET, or None
-    jobstore.address_from_environ()                   # RINGTRAIN_JOB_STORE, or None
+    jobstore.secret_from_environ(environ)             # RINGTRAIN_JOB_SECRET of a mapping, or None
+    jobstore.address_from_environ(environ)            # RINGTRAIN_JOB_STORE of a mapping, or None
 
 ``JobStore`` implements ``set``, ``get`` (blocking, up to the store's timeout), ``add``,
 ``compare_set``, ``wait`` (with or without a timeout), ``check``, ``delete_key``, ``num_keys``,
@@ -53,7 +53,6 @@ import datetime
 import hashlib
 import hmac
 import logging
-import os
 import socket
 import struct
 import threading
@@ -63,7 +62,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch.distributed as dist
 
 from ringtrain.engine import auth
-from ringtrain.engine.auth import ENV_SECRET, new_secret, secret_from_environ
+from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET, new_secret, secret_from_environ
 from ringtrain.exceptions import AuthenticationError, JobStoreError
 
 __all__ = [
@@ -78,8 +77,6 @@ __all__ = [
     "split_address",
 ]
 
-#: The variable that tells workers where their launcher's job store listens (``host:port``).
-ENV_ADDRESS = "RINGTRAIN_JOB_STORE"
 #: Largest message either side accepts (bytes); stores hold addresses and ids, not tensors.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: Seconds a connection gets to prove itself before it is closed.
@@ -100,9 +97,8 @@ _SET, _GET, _ADD, _CAS, _WAIT, _CHECK, _DELETE, _NUM_KEYS, _MULTI_GET, _MULTI_SE
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
 
 
-def address_from_environ(environ: Mapping[str, str] | None = None) -> str | None:
-    """``RINGTRAIN_JOB_STORE`` (set by ``ringtrain run`` for its workers), or None."""
-    environ = os.environ if environ is None else environ
+def address_from_environ(environ: Mapping[str, str]) -> str | None:
+    """``RINGTRAIN_JOB_STORE`` in ``environ`` (set by ``ringtrain run`` for its workers), or None."""
     value = environ.get(ENV_ADDRESS, "").strip()
     return value or None
 
@@ -247,7 +243,7 @@ class JobStoreServer:
 
         async def start() -> None:
             self._changed = asyncio.Condition()
-            self._server = await asyncio.start_server(self._serve, sock=listener,
+            self._server = await asyncio.start_server(self._serve, sock=listener, backlog=1024,
                                                       limit=MAX_MESSAGE_BYTES + 64)
 
         try:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import hashlib
+import hmac
 import json
 import logging
 import secrets
@@ -43,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ringtrain.engine import auth
 from ringtrain.exceptions import ControlPlaneError
 
 log = logging.getLogger("ringtrain.engine")
@@ -162,6 +165,20 @@ def wait_for_keys(store: Any, keys: Sequence[str], timeout_s: float, waiting_for
                         rank, waiting_for(missing), max(0.0, deadline - time.monotonic()))
 
 
+def job_nonce(published: bytes, secret: str | None, scope: str) -> bytes:
+    """The value every heartbeat datagram of this generation carries (peers drop any other).
+
+    In a job with a secret it is an HMAC of rank 0's published random value and the generation under
+    a key derived from the secret, so a process outside the job cannot compute it even if it could
+    read the store, and cannot forge a beat or a FAIL notice (one that records the job's datagrams on
+    the wire can still replay them: see docs/security.md). Without a secret it is the published value.
+    """
+    if secret is None:
+        return published
+    key = auth.derive_key(secret, "heartbeat v1")
+    return hmac.new(key, scope.encode() + b"|" + published, hashlib.sha256).digest()[:len(published)]
+
+
 def watched_peers(rank: int, size: int) -> list[int]:
     """The ranks this rank watches (and beats to): all in small worlds, ring neighbours in large ones."""
     if size <= FULL_WATCH_RANKS:
@@ -200,11 +217,13 @@ class Heartbeats:
     @classmethod
     def start(cls, store: Any, rank: int, size: int, hostname: str, node: str, addresses: Sequence[str],
               peer_address: Callable[[int], str | None], timeout_s: float, setup_timeout_s: float,
-              on_failure: Callable[[str], None]) -> Heartbeats:
+              on_failure: Callable[[str], None], secret: str | None = None, scope: str = "") -> Heartbeats:
         """Publish this rank's heartbeat port through ``store`` and start beating (every rank calls this).
 
         ``peer_address(r)`` is the address that already reaches rank ``r`` (the control plane's
-        connection), or None: then every address rank ``r`` published is tried.
+        connection), or None: then every address rank ``r`` published is tried. ``secret`` (the job's)
+        and ``scope`` (the generation's namespace) make the value every datagram carries (see
+        :func:`job_nonce`).
         """
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -223,7 +242,7 @@ class Heartbeats:
                 return f"ranks {', '.join(ranks)}" if ranks else "rank 0"
 
             wait_for_keys(store, keys, setup_timeout_s, waiting_for, rank)
-            nonce = bytes.fromhex(store.get("live/nonce").decode())
+            nonce = job_nonce(bytes.fromhex(store.get("live/nonce").decode()), secret, scope)
             names: dict[int, str] = {}
             targets: dict[int, list[tuple[str, int]]] = {}
             for peer in range(size):

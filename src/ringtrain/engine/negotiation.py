@@ -9,8 +9,12 @@ part counts, per response-cache slot, how many ranks have that cached name pendi
 carries the data of small cached Sum/Average allreduces at offsets fixed by the (replicated) cache:
 when such a slot turns out ready, the sum already is the result, and the request completes with one
 collective instead of two. Only when some
-rank has new (uncached) requests does the round add one allgather of pickled metadata. Every rank then
+rank has new (uncached) requests does the round add one allgather of their metadata. Every rank then
 runs the same decision code on the same replicated data, so no coordinator broadcast is needed.
+
+That metadata travels as JSON of plain lists, numbers and strings in a fixed layout
+(:func:`encode_payload`), never as a pickle: decoding a message can build a :class:`RequestMeta`
+and nothing else, and a message that does not fit the layout is refused whole (:func:`decode_payload`).
 
 Both exchanges travel over the control plane's socket mesh when there is one (:func:`exchange`,
 :func:`gather`), else over the gloo control group.
@@ -18,14 +22,14 @@ Both exchanges travel over the control plane's socket mesh when there is one (:f
 
 from __future__ import annotations
 
-import pickle
+import json
 from typing import Any
 
 import torch
 
 from ringtrain.engine import liveness
 from ringtrain.engine.executor import mesh_allreduce, reduce_in_rank_order
-from ringtrain.engine.requests import REDUCE_OP_NAMES, SUM, OpType, RequestMeta
+from ringtrain.engine.requests import REDUCE_OP_NAMES, SUM, OpType, RequestMeta, dtype_name
 
 FLAG_JOINED = 1
 FLAG_SHUTDOWN = 2
@@ -56,12 +60,90 @@ def build_vector(
     return torch.tensor(values, dtype=torch.float64)
 
 
+#: First byte of every metadata message: the layout's version (a pickle would start with 0x80).
+PAYLOAD_FORMAT = b"\x01"
+#: Names of the dtypes a request may carry (anything else in a message is refused).
+DTYPE_NAMES = frozenset(
+    dtype_name(dtype) for dtype in vars(torch).values() if isinstance(dtype, torch.dtype)
+)
+
+
+class PayloadError(ValueError):
+    """A metadata message that does not fit the layout (another ringtrain version, or a bug)."""
+
+
 def encode_payload(payload: dict[str, Any]) -> bytes:
-    return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    """``{"m": [RequestMeta...], "s": [(name, set_id)...]}`` as one JSON message (see the module doc)."""
+    metas = [
+        [meta.key, list(meta.names), int(meta.op), meta.set_id, list(meta.dtypes),
+         [list(shape) for shape in meta.shapes], int(meta.reduce_op), meta.root, meta.prescale,
+         meta.postscale, meta.device, None if meta.splits is None else list(meta.splits),
+         None if meta.payload is None else list(meta.payload)]
+        for meta in payload["m"]
+    ]
+    stalls = [[name, set_id] for name, set_id in payload["s"]]
+    return PAYLOAD_FORMAT + json.dumps([metas, stalls], separators=(",", ":")).encode()
 
 
 def decode_payload(data: bytes) -> dict[str, Any]:
-    return pickle.loads(data)
+    """The inverse of :func:`encode_payload`; :class:`PayloadError` for anything that does not fit."""
+    if data[:1] != PAYLOAD_FORMAT:
+        raise PayloadError(f"a negotiation message starts with {bytes(data[:1])!r}, not the expected format "
+                           f"{PAYLOAD_FORMAT!r}. HINT: run the same ringtrain version on every rank.")
+    try:
+        metas, stalls = json.loads(bytes(data[1:]).decode())
+        return {"m": [_meta(fields) for fields in _list(metas)],
+                "s": [(_str(name), _int(set_id)) for name, set_id in _list(stalls)]}
+    except (ValueError, TypeError) as exc:  # json errors are ValueErrors; unpacking raises TypeError
+        raise PayloadError(f"a negotiation message does not fit the layout: {exc}. HINT: run the same "
+                           "ringtrain version on every rank.") from None
+
+
+def _meta(fields: Any) -> RequestMeta:
+    (key, names, op, set_id, dtypes, shapes, reduce_op, root, prescale, postscale, device, splits,
+     payload) = _list(fields)
+    for name in _list(dtypes):
+        if _str(name) not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {name!r}")
+    return RequestMeta(
+        key=_str(key),
+        names=tuple(_str(n) for n in _list(names)),
+        op=OpType(_int(op)),
+        set_id=_int(set_id),
+        dtypes=tuple(dtypes),
+        shapes=tuple(tuple(_int(d) for d in _list(shape)) for shape in _list(shapes)),
+        reduce_op=_int(reduce_op),
+        root=_int(root),
+        prescale=_float(prescale),
+        postscale=_float(postscale),
+        device=_int(device),
+        splits=None if splits is None else tuple(_int(v) for v in _list(splits)),
+        payload=None if payload is None else tuple(_int(v) for v in _list(payload)),
+    )
+
+
+def _list(value: Any) -> list[Any]:
+    if type(value) is not list:
+        raise ValueError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:  # (bool is an int subclass: refused too)
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    return float(value)
 
 
 def exchange(vector: torch.Tensor, plane: Any, ctrl: Any, size: int) -> torch.Tensor:

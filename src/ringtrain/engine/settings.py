@@ -255,6 +255,10 @@ class Settings:
         "a rank whose heartbeats stop this long (killed, hung, host down, link cut) fails every rank with "
         "HorovodInternalError; ranks that compute or wait still beat. Also the launcher's bound for an "
         "unreachable host", shown="20")
+    handshake_timeout_s: float = _knob(
+        "RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS", 10.0, Number("seconds", above=True),
+        "how long a connection to the job store or the control plane may take to prove the job's secret "
+        "before it is closed (docs/security.md)", shown="10")
     control_plane: str = _knob(
         "RINGTRAIN_CONTROL_PLANE", "tcp",
         Choice(("tcp", "gloo"), ("direct sockets, the default", "a gloo group")),

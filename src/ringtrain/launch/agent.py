@@ -170,7 +170,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 
-    from ringtrain.engine.auth import ENV_SECRET
+    from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET
     from ringtrain.exceptions import RendezvousFailedError, RendezvousMismatchError
     from ringtrain.launch import store_host
     from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
@@ -201,6 +201,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         secret = store_host.node_secret(os.environ, whole_job_here=spec.max_nodes == 1, given=spec.secret)
         if secret:
             env[ENV_SECRET] = secret
+        # The workers meet on the same job store (node 0's); the address is final once it listens.
+        env[ENV_ADDRESS] = spec.rdzv_endpoint
         endpoint_host, _, endpoint_port = spec.rdzv_endpoint.rpartition(":")
         view = NodeView.here(spec.node_rank, spec.max_nodes, spec.nproc, spec.run_id, int(endpoint_port),
                              layout=spec.layout, host=host)
@@ -225,6 +227,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
             try:
                 if meeting is not None:
                     torch_config.rdzv_configs.update(meeting.open())
+                    os.environ[ENV_ADDRESS] = meeting.address
                 run_agent(torch_config, sys.executable, args, on_restart=on_restart, on_agent=agents.append)
             finally:
                 relay.stop()  # every rank's output is out before a failure report follows it

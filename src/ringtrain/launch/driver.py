@@ -149,7 +149,12 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
     # A driver's agent finds the job's secret on the first line of its stdin (see store_host).
-    secret = store_host.read_secret() if driven else None
+    try:
+        secret = store_host.read_secret() if driven else None
+    except EOFError:
+        print("ringtrain run: error: the driver went away before handing over the job's secret; no rank "
+              "was started", file=sys.stderr)
+        return 1
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,

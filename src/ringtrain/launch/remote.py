@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET
 from ringtrain.exceptions import UsageError
 
 #: Variables a remote agent needs from here: where Python and our package are, and every knob of the
@@ -16,6 +17,9 @@ from ringtrain.exceptions import UsageError
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                  "PYTHONUNBUFFERED", "PYTHONHASHSEED", "MASTER_ADDR", "MASTER_PORT")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "RINGTRAIN_", "TORCH_", "TORCHELASTIC_", "CUDA_")
+#: Never forwarded: the job's secret (the driver sends it on the agent's stdin) and a job store address
+#: (each node's agent tells its workers where node 0's store is).
+PRIVATE_VARIABLES = (ENV_SECRET, ENV_ADDRESS)
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -26,9 +30,10 @@ def forwarded_environment(environ: Mapping[str, str],
            if _SAFE_NAME.match(k) and (k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))}
     # CUDA_VISIBLE_DEVICES names this machine's GPUs, not the remote one's.
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    # The job's secret never goes on a command line (ps shows it on both hosts): the driver sends it
-    # to each agent on its stdin.
-    env.pop("RINGTRAIN_JOB_SECRET", None)
+    # The job's secret goes over the ssh session's stdin, never on the remote command line (which every
+    # user of that host can read in `ps`).
+    for name in PRIVATE_VARIABLES:
+        env.pop(name, None)
     env.update(extra or {})
     return env
 

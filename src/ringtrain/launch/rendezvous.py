@@ -424,6 +424,8 @@ class NodeMeeting:
         self.timeout = timeout
         self.server: Any = None
         self.client: JobStore | None = None
+        #: Where this node reaches the job store (the workers get it as ``RINGTRAIN_JOB_STORE``).
+        self.address = endpoint
 
     def open(self) -> dict[str, Any]:
         """Host the store (node 0), connect to it; returns the handler's ``rdzv_configs``."""
@@ -432,8 +434,11 @@ class NodeMeeting:
         address = self.endpoint
         if self.view.node_rank == 0:
             self.server = store_host.host_job_store(self.endpoint, self.secret)
-            if self.server.host not in ("0.0.0.0", "::"):
+            bound = self.server.host
+            if bound not in ("0.0.0.0", "::") and not _resolves_to(self.endpoint, bound):
+                # the endpoint's name leads elsewhere here (Debian's 127.0.1.1): use the bound address
                 address = self.server.address
+        self.address = address
         self.client = JobStore(address, self.secret, timeout=self.timeout)
         return {"job_store": self.client, "view": self.view, "bootstrap_host": self.bootstrap_host,
                 "timeout": self.timeout}
@@ -447,6 +452,16 @@ class NodeMeeting:
             self.client.close()
         if self.server is not None:
             self.server.close()
+
+
+def _resolves_to(endpoint: str, address: str) -> bool:
+    """Whether the host of ``endpoint`` resolves to ``address`` on this host (so every node can use the
+    same ``host:port`` string, the one the workers get as ``RINGTRAIN_JOB_STORE``)."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        return address in {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return False
 
 
 register()

@@ -20,6 +20,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from ringtrain.engine.auth import export_secret_line
+
 #: Scheduler names accepted by :func:`render`.
 SCHEDULERS = ("slurm", "pbs", "lsf")
 #: The one wall-time format: hours (any number of digits), minutes and seconds below 60.
@@ -146,13 +148,15 @@ def _job_environment(job: JobScript, head_node: str) -> list[str]:
     """The variables every node of the job gets, exported by the script before the launch.
 
     This is the one place for job-wide variables: node 0's address and port (every node computes the
-    same), threads per rank, and any per-job secret (``export RINGTRAIN_JOB_SECRET=...``) once
-    ringtrain makes one.
+    same), threads per rank, and the per-job secret (``export RINGTRAIN_JOB_SECRET=...``): the nodes
+    start their ranks separately and prove it to each other (docs/security.md).
     """
     lines = ["# Node 0 of the job hosts the rendezvous: the same address and port on every node.",
              f"MASTER_ADDR=$({head_node})",
              "export MASTER_ADDR",
              f"export MASTER_PORT=$((15000 + {_job_number(job)} % 10000))"]
+    lines += ["# The nodes prove this per-job secret to each other (a fresh one unless one is exported).",
+              export_secret_line(job.python)]
     if job.cpus_per_proc > 1:
         lines.append(f"export OMP_NUM_THREADS={job.cpus_per_proc}  # --cpus-per-proc cores for each rank")
     return lines

@@ -33,7 +33,7 @@ from typing import IO
 
 from ringtrain.engine import auth
 from ringtrain.engine.jobstore import JobStoreServer, split_address
-from ringtrain.exceptions import UsageError
+from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.hosts import is_loopback_name
 
 #: Seconds an agent waits for its driver's secret line before it goes on without one.
@@ -79,11 +79,22 @@ def bind_address(host: str) -> str:
     return "0.0.0.0"
 
 
-def host_job_store(endpoint: str, secret: str | None) -> JobStoreServer:
-    """Node 0: serve the job store on ``endpoint``'s port; UsageError naming the port when it is taken."""
+def host_job_store(endpoint: str, secret: str | None,
+                   environ: Mapping[str, str] | None = None) -> JobStoreServer:
+    """Node 0: serve the job store on ``endpoint``'s port; UsageError naming the port when it is taken.
+
+    A connection gets ``RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS`` (of ``environ``, default this process's)
+    to prove the secret.
+    """
+    from ringtrain.engine.settings import read_knob
+
     host, port = split_address(endpoint)
     try:
-        return JobStoreServer(secret, host=bind_address(host), port=port)
+        handshake = float(read_knob("handshake_timeout_s", os.environ if environ is None else environ))
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return JobStoreServer(secret, host=bind_address(host), port=port, handshake_timeout=handshake)
     except OSError as exc:
         raise UsageError(f"master port {port} cannot be used on this host for the rendezvous ({exc}). HINT: "
                          "pick another with --master-port, or leave it out to use a free port.") from None
@@ -99,7 +110,11 @@ def send_secret(stream: IO[bytes] | None, secret: str | None) -> None:
 
 
 def read_secret(fd: int = 0, timeout: float = SECRET_LINE_TIMEOUT) -> str | None:
-    """Agent started by a driver: the first line of stdin, read byte by byte (the rest stays unread)."""
+    """Agent started by a driver: the first line of stdin, read byte by byte (the rest stays unread).
+
+    None for an empty line or none within ``timeout``; EOFError when stdin ends before the line does
+    (the driver went away: nothing may start).
+    """
     line = bytearray()
     deadline = time.monotonic() + timeout
     while len(line) < 1024:
@@ -110,7 +125,9 @@ def read_secret(fd: int = 0, timeout: float = SECRET_LINE_TIMEOUT) -> str | None
         if not ready:
             return None
         byte = os.read(fd, 1)
-        if not byte or byte == b"\n":
+        if not byte:
+            raise EOFError("stdin ended before the driver's secret line")
+        if byte == b"\n":
             break
         line += byte
     return line.decode(errors="replace").strip() or None

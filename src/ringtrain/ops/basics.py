@@ -52,7 +52,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         static = list(process_sets)
     settings = Settings.from_environ()
     try:
-        world = rendezvous(settings.gloo_timeout_s)
+        world = rendezvous(settings.gloo_timeout_s, settings.gloo_socket_ifname, settings.handshake_timeout_s)
         register_static(static, world.size)
         engine = Engine(world, settings, [ps.ranks for ps in static])
     except ValueError:

@@ -12,7 +12,8 @@ import time
 out = sys.argv[1]
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 rank = os.environ["RANK"]
-prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_")
+prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_",
+            "RINGTRAIN_JOB_", "TORCHELASTIC_RUN_ID")
 keys = [k for k in os.environ if k.startswith(prefixes)]
 # Written atomically: the tests poll this folder and must never read a half-written file.
 tmp = os.path.join(out, f".{rank}.json.tmp")
