@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ringtrain.launch.environ import patched_environ
 from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
@@ -73,21 +74,6 @@ class AgentFailed(Exception):
         super().__init__(failure.message or failure.status())
         self.failure = failure
         self.count = count
-
-
-@contextlib.contextmanager
-def patched_environ(updates: Mapping[str, str]) -> Iterator[None]:
-    """Set variables for the workers (they inherit this process's environment), then restore them."""
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
