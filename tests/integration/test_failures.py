@@ -110,7 +110,7 @@ while True:
     dist.all_reduce(torch.ones(10_000))
     step += 1
     if step % 4 == 0 and dist.get_rank() == 0:
-        print(f"ddp step {step} ", flush=True)
+        print(f"ddp step {step} done", flush=True)
     time.sleep(0.05)
 """
 
