@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -53,3 +53,16 @@ def pair(request: pytest.FixtureRequest, gpu_pools: dict[str, RankPool]) -> Plac
 def cuda_placement(request: pytest.FixtureRequest, gpu_pools: dict[str, RankPool]) -> Placement:
     """The CUDA placements only."""
     return _placement(request, gpu_pools)
+
+
+@pytest.fixture
+def hidden_gpu_pool(gpu_pools: dict[str, RankPool]) -> Callable[[int], RankPool]:
+    """``pool(size)``: ranks that see no GPU (``CUDA_VISIBLE_DEVICES=""``), as on a CPU-only machine."""
+
+    def pool(size: int) -> RankPool:
+        name = f"hidden-{size}"
+        if name not in gpu_pools:
+            gpu_pools[name] = RankPool(size, {"CUDA_VISIBLE_DEVICES": ""})
+        return gpu_pools[name]
+
+    return pool
