@@ -234,9 +234,12 @@ def _read_on_another_stream() -> dict:
         problems = []
         with torch.cuda.stream(side):
             for step in range(5):
-                # large enough that the engine's last kernels (scaling, copy out) take a while
+                # made on the side stream: the engine must wait for it (the event recorded at submit)
                 big = torch.full((8 << 20,), float(rank + step), device=device)
-                got = hvd.allreduce(big, name="stream.avg", op=hvd.Average, postscale_factor=3.0)
+                handle = hvd.allreduce_async(big, name="stream.avg", op=hvd.Average, postscale_factor=3.0)
+                while not hvd.poll(handle):
+                    pass  # the engine's thread runs it on its own stream (this thread does not drive)
+                got = hvd.synchronize(handle)
                 # read on the side stream at once: the handle must mean "finished on the device"
                 seen = got[::4096].clone()
                 want = 3.0 * (sum(range(size)) / size + step)
