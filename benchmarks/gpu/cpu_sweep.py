@@ -43,10 +43,10 @@ def sweeps(quick: bool, cores: int) -> list[tuple[str, list[str], float]]:
                               "--repeats", "1", "--subset", "64"], 0.5)]
     nps = ",".join(str(n) for n in (1, 2, 4, 8) if n <= cores)
     return [("mnist", ["mnist", "--np", nps, "--strategies", "ddp,horovod", "--steps", "100",
-                       "--warmup-steps", "5", "--repeats", "3"], 0.35),
+                       "--warmup-steps", "5", "--repeats", "2"], 0.3),
             ("resnet18", ["synthetic", "--arch", "resnet18", "--batch-size", "32", "--np", nps,
-                          "--strategies", "ddp,horovod", "--steps", "12", "--warmup-steps", "3",
-                          "--repeats", "2", "--subset", "4096"], 0.65)]
+                          "--strategies", "ddp,horovod", "--steps", "8", "--warmup-steps", "2",
+                          "--repeats", "2", "--subset", "4096"], 0.7)]
 
 
 def run(argv: list[str], env: dict[str, str], log: Path, deadline_s: float) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def run(argv: list[str], env: dict[str, str], log: Path, deadline_s: float) -> d
         interrupted = False
         try:
             code = proc.wait(timeout=max(1.0, deadline_s))
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
             interrupted = True
             os.killpg(proc.pid, signal.SIGINT)  # ringtrain bench writes what finished
             try:
@@ -68,6 +68,8 @@ def run(argv: list[str], env: dict[str, str], log: Path, deadline_s: float) -> d
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 code = proc.wait()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
     return {"argv": argv, "exit_code": code, "seconds": round(time.monotonic() - started, 1),
             "interrupted": interrupted, "log": log.name}
 
@@ -83,11 +85,28 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    python = sys.executable
     summary: dict[str, Any] = {"cores": cores, "budget_s": args.budget_s, "quick": args.quick, "runs": []}
     start = time.monotonic()
-    folders = []
     plan = sweeps(args.quick, cores)
+    try:
+        sweep_all(plan, args, out, env, summary, start)
+    except KeyboardInterrupt:  # the stage's time ran out: keep what finished
+        summary["interrupted"] = True
+    summary["seconds"] = round(time.monotonic() - start, 1)
+    (out / "cpu_sweep.json.tmp").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    os.replace(out / "cpu_sweep.json.tmp", out / "cpu_sweep.json")
+    for name, _, _ in plan:
+        table = out / f"{name}.log"
+        if table.exists():
+            print(f"--- {name} ---\n" + table.read_text()[-3000:])
+    return 0 if all(r["exit_code"] == 0 for r in summary["runs"]) and not summary.get("interrupted") else 1
+
+
+def sweep_all(plan: list[tuple[str, list[str], float]], args: argparse.Namespace, out: Path,
+              env: dict[str, str], summary: dict[str, Any], start: float) -> None:
+    """Both sweeps, then the model's validation over what they measured (fills ``summary``)."""
+    python = sys.executable
+    folders = []
     for index, (name, bench_args, share) in enumerate(plan):
         left = args.budget_s - (time.monotonic() - start)
         # a later sweep gets what an earlier one left over
@@ -110,14 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         summary["runs"].append(run(command, env, out / "validation.log", 120))
         with open(out / "validation.log") as log:
             summary["validation_report"] = log.read()[-6000:]
-    summary["seconds"] = round(time.monotonic() - start, 1)
-    (out / "cpu_sweep.json.tmp").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    os.replace(out / "cpu_sweep.json.tmp", out / "cpu_sweep.json")
-    for name, _, _ in plan:
-        table = out / f"{name}.log"
-        if table.exists():
-            print(f"--- {name} ---\n" + table.read_text()[-3000:])
-    return 0 if all(r["exit_code"] == 0 for r in summary["runs"]) else 1
 
 
 if __name__ == "__main__":

@@ -121,11 +121,10 @@ fi
 
 if [ "$STAGE" = sweep ]; then
     step environment 60 environment
-    if [ $QUICK = 1 ]; then
-        step cpu-sweep 420 "$PY" benchmarks/gpu/cpu_sweep.py --quick --budget-s 360 --out "$WORK/sweep"
-    else
-        step cpu-sweep 540 "$PY" benchmarks/gpu/cpu_sweep.py --budget-s 470 --out "$WORK/sweep"
-    fi
+    # the sweep paces itself to what is left of the stage (it interrupts a sweep that would overrun)
+    SWEEP_S=$(( BUDGET - ($(date +%s) - START) - 90 ))
+    step cpu-sweep $(( SWEEP_S + 45 )) "$PY" benchmarks/gpu/cpu_sweep.py --budget-s "$SWEEP_S" \
+        --out "$WORK/sweep" $([ $QUICK = 1 ] && echo --quick)
     cp "$WORK/sweep/cpu_sweep.json" "$OUT/" 2>/dev/null
 fi
 

@@ -2,7 +2,7 @@
 and torch DDP, on a CIFAR ResNet-18 (batch 128) and an ImageNet-shaped ResNet-50 (batch 64), fp32 and
 AMP (fp16 autocast + GradScaler). One process, one GPU::
 
-    python3 benchmarks/gpu/step_bench_gpu.py --out DIR                 # about 4-5 minutes on an H100
+    python3 benchmarks/gpu/step_bench_gpu.py --out DIR                 # about 4 minutes on an H100
     python3 benchmarks/gpu/step_bench_gpu.py --device cpu --quick      # a smoke run on a CPU (a minute)
 
 Competitors, each with its own copy of the same model (same initial weights) and a fixed random batch
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="fp32,amp")
     parser.add_argument("--competitors", default=",".join(COMPETITORS))
     parser.add_argument("--warmup", type=int, default=15, help="untimed steps per competitor")
-    parser.add_argument("--rounds", type=int, default=12, help="timed rounds (one window per competitor)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (one window per competitor)")
     parser.add_argument("--window-s", type=float, default=1.0, help="seconds per window (about)")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny inputs, 2 rounds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -344,35 +344,50 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
         group = dist.group.WORLD
     info = machine(device)
-    results = []
-    for model in models:
-        for precision in [p for p in args.precisions.split(",") if p]:
-            started = time.perf_counter()
-            result = measure(known[model], device, precision == "amp", group, cfg)
-            result["seconds"] = time.perf_counter() - started
-            results.append(result)
-            print(f"{model} {precision}: " + ", ".join(
-                f"{n} {c['step_ms_median']:.2f} ms" + (f" ({c['vs_plain']:.4f}x)" if "vs_plain" in c else "")
-                for n, c in result["competitors"].items()), flush=True)
-    hvd.shutdown()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    report = markdown(results, info, cfg)
-    print(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", (info.get("gpu") or info["cpu"]).lower()).strip("-")[:40]
     stem = f"gpu_step_bench_{slug}_{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M')}"
     if args.quick:
         stem += "_quick"
-    body = {"machine": info, "config": cfg, "target": TARGET, "results": results}
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for model in models:
+            for precision in [p for p in args.precisions.split(",") if p]:
+                started = time.perf_counter()
+                result = measure(known[model], device, precision == "amp", group, cfg)
+                result["seconds"] = time.perf_counter() - started
+                results.append(result)
+                print(f"{model} {precision}: " + ", ".join(
+                    f"{n} {c['step_ms_median']:.2f} ms"
+                    + (f" ({c['vs_plain']:.4f}x)" if "vs_plain" in c else "")
+                    for n, c in result["competitors"].items()), flush=True)
+                write(out, stem, info, cfg, results, interrupted=False)  # each finished configuration
+    except KeyboardInterrupt:  # out of time: what finished is written
+        interrupted = True
+    report = write(out, stem, info, cfg, results, interrupted)
+    print(report)
+    print(f"wrote {out / stem}.json and .md")
+    hvd.shutdown()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 1 if interrupted else 0
+
+
+def write(out: Path, stem: str, info: dict[str, Any], cfg: dict[str, Any], results: list[dict[str, Any]],
+          interrupted: bool) -> str:
+    """Write the JSON and Markdown (atomically); returns the Markdown."""
+    report = markdown(results, info, cfg)
+    if interrupted:
+        report += "\nInterrupted: the configurations above are the ones that finished.\n"
+    body = {"machine": info, "config": cfg, "target": TARGET, "interrupted": interrupted, "results": results}
     files = {out / f"{stem}.json": json.dumps(body, indent=1) + "\n", out / f"{stem}.md": report}
     for path, text in files.items():
         temp = path.with_name(path.name + ".tmp")
         temp.write_text(text)
         os.replace(temp, path)
-    print(f"wrote {out / stem}.json and .md")
-    return 0
+    return report
 
 
 if __name__ == "__main__":
