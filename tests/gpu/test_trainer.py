@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from ringtrain import checks
 from tests.gpu.placements import Placement
@@ -62,13 +63,19 @@ class _Net(nn.Module):
         return self.head(self.features(x))
 
 
+def _images(size: int, seed: int) -> TensorDataset:
+    """``size`` 3x8x8 images in 4 classes: the class's fixed pattern plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    patterns = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(99))
+    labels = torch.randint(4, (size,), generator=gen)
+    return TensorDataset(patterns[labels] + 0.5 * torch.randn(size, 3, 8, 8, generator=gen), labels)
+
+
 def _train(kind: str, strategy: str, snapshot_dir: str, epochs: int, amp: bool) -> dict:
     from ringtrain.train.config import TrainerConfig
     from ringtrain.train.trainer import Trainer
-    from ringtrain.workloads.synthetic import synthetic_images
 
-    train = synthetic_images(96, (3, 8, 8), num_classes=4, noise=0.5, seed=0)
-    evaluation = synthetic_images(32, (3, 8, 8), num_classes=4, noise=0.5, seed=1)
+    train, evaluation = _images(96, seed=0), _images(32, seed=1)
     torch.manual_seed(0)
     model = _Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
