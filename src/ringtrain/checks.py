@@ -16,7 +16,6 @@ one rank per host; hosts whose versions or clocks differ get a warning.
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
 import statistics
@@ -508,8 +507,16 @@ def gather_hosts(hvd: ModuleType) -> list[RankSite]:
                     peers=_peer_addresses(rank, size), clock_offset=offsets[rank],
                     versions={"ringtrain": str(ringtrain.__version__), "torch": str(torch.__version__),
                               "python": platform.python_version()},
-                    gloo_ifname=os.environ.get("GLOO_SOCKET_IFNAME", ""))
+                    gloo_ifname=_gloo_ifname())
     return list(hvd.allgather_object(mine, name="check.sites"))
+
+
+def _gloo_ifname() -> str:
+    """The interfaces this rank's engine was told to use (GLOO_SOCKET_IFNAME), as its settings hold them."""
+    from ringtrain.engine import state
+
+    engine = state.engine
+    return ",".join(engine.settings.gloo_socket_ifname) if engine is not None else ""
 
 
 def summarize_hosts(sites: Sequence[RankSite]) -> list[HostSummary]:

@@ -10,9 +10,14 @@ The tree::
     │   ├── DataError                     a dataset cannot be read (missing, wrong format, bad checksum)
     │   ├── UnknownWorkloadError          an unknown workload name (also a KeyError)
     │   ├── JobError                      bad input to a training job
-    │   └── SnapshotError                 a snapshot that cannot be resumed (damaged, foreign, other model)
+    │   ├── SnapshotError                 a snapshot that cannot be resumed (damaged, foreign, other model)
+    │   │   └── DamagedSnapshotError      its bytes are not what was written (checksum, truncation)
+    │   └── RendezvousMismatchError       the nodes of a job were started with different settings or versions
     ├── ConnectionError
-    │   └── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
+    │   ├── ControlPlaneError             a peer closed its control connection, sent garbage or went silent
+    │   ├── JobStoreError                 the job store cannot be reached, or its connection broke
+    │   ├── AuthenticationError           a peer could not prove it belongs to this job (per-job secret)
+    │   └── RendezvousFailedError         the nodes could not meet: one gave up, went silent, or node 0 left
     └── RuntimeError
         ├── HorovodInternalError          a collective failed; elastic training restores and retries
         └── HostsUpdatedInterrupt         the set of hosts changed; elastic training re-initializes
@@ -63,8 +68,36 @@ class SnapshotError(ValueError):
     """A snapshot that cannot be resumed: damaged, foreign, or from another model."""
 
 
+class DamagedSnapshotError(SnapshotError):
+    """A snapshot whose bytes are not what was written (checksum mismatch, truncated, unreadable).
+
+    An older good snapshot can be resumed instead.
+    """
+
+
+class RendezvousMismatchError(ValueError):
+    """The nodes of a job disagree at rendezvous (``--nnodes``, ranks per node, run id, port, versions).
+
+    Every node that took part reports the same message, naming each difference and each node.
+    """
+
+
 class ControlPlaneError(ConnectionError):
     """A peer closed its control connection, sent garbage, or did not answer in time."""
+
+
+class JobStoreError(ConnectionError):
+    """The job's key-value store (:mod:`ringtrain.engine.jobstore`) cannot be reached or went away."""
+
+
+class AuthenticationError(ConnectionError):
+    """A connection failed the per-job challenge-response: the other side does not hold this job's
+    secret (``RINGTRAIN_JOB_SECRET``), or it is not a ringtrain peer at all."""
+
+
+class RendezvousFailedError(ConnectionError):
+    """The nodes of a job could not meet, or the group ended: a node gave up after its last restart, a
+    node's agent stopped answering, node 0 (which hosts the rendezvous) went away, or a node came late."""
 
 
 class HorovodInternalError(RuntimeError):
@@ -86,12 +119,17 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 __all__ = [
+    "AuthenticationError",
     "ClusterEnvironmentError",
     "ControlPlaneError",
+    "DamagedSnapshotError",
     "DataError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "JobError",
+    "JobStoreError",
+    "RendezvousFailedError",
+    "RendezvousMismatchError",
     "SettingError",
     "SnapshotError",
     "UnknownWorkloadError",

@@ -131,6 +131,38 @@ def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--gloo-timeout-seconds", "0"],
+     "--gloo-timeout-seconds 0 sets HOROVOD_GLOO_TIMEOUT_SECONDS='0', which is out of range: it is in "
+     "seconds and must be > 0"),
+    (["--stall-check-warning-time-seconds", "0"],
+     "HOROVOD_STALL_CHECK_TIME_SECONDS='0', which is out of range"),
+])
+def test_tuning_flags_are_judged_by_the_workers_rules(argv, needle, capsys):
+    code, err = run_cli(["-np", "2", *argv, "python", "-c", "pass"], capsys)
+    assert code == 2
+    assert needle in err
+    assert f"HINT: leave {argv[0]} out for the default" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("variable", "value", "unit"), [
+    ("HOROVOD_CYCLE_TIME", "-5", "milliseconds"),
+    ("HOROVOD_GLOO_TIMEOUT_SECONDS", "0", "seconds"),
+    ("RINGTRAIN_ROUND_TIMEOUT_SECONDS", "0", "seconds"),
+    ("RINGTRAIN_PEER_TIMEOUT_SECONDS", "soon", "seconds"),
+    ("HOROVOD_FUSION_THRESHOLD", "1.5", "bytes"),
+])
+def test_bad_worker_variables_are_refused_before_any_rank_starts(variable, value, unit, monkeypatch, capsys):
+    monkeypatch.setenv(variable, value)
+    code, err = run_cli(["-np", "2", "python", "-c", "raise SystemExit(9)"], capsys)
+    assert code == 2
+    assert f"{variable}={value!r}" in err
+    assert unit in err
+    assert "none was started" in err
+    assert "HINT:" in err
+
+
 def test_malformed_hostfile_exits_2(tmp_path, capsys):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=two\n")
@@ -204,6 +236,18 @@ def test_failing_rank_is_reported_once_as_root_cause(tmp_path, capsys):
     assert "rank       : 1" in err
     assert "exit code 1" in err
     assert "ValueError: rank one gives up" in err
+
+
+def test_a_failed_ranks_traceback_appears_once(tmp_path, capsys):
+    # once in the rank's own output (relayed) and once in the report, it was shown twice
+    code = main(["run", "-np", "2", REPORT_ENV, str(tmp_path), "fail"])
+    captured = capsys.readouterr()
+    both = captured.out + captured.err
+    assert code == 1
+    assert both.count('raise ValueError("rank one gives up")') == 1
+    assert both.count("Traceback (most recent call last)") == 1
+    # the rank's own output still says where it failed, in one line
+    assert "[1] ValueError: rank one gives up (traceback in the launcher's failure report)" in captured.err
 
 
 def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):

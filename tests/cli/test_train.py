@@ -49,6 +49,9 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--warmup-epochs", "2"], "scale_lr"),
     (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
     (["--keep-last", "0"], "keep_last=0"),
+    (["--like", "cifar10"], "--like cifar10 shapes synthetic images"),
+    (["--max-restarts", "-1"], "--max-restarts -1"),
+    (["--max-restarts", "2", "--no-resume"], "--no-resume with --max-restarts"),
 ])
 def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert main(["train", "mnist", *QUICK, *argv]) == 2
@@ -83,6 +86,49 @@ def test_corrupt_snapshot_exits_2_before_training(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "snapshot-000000004.pt" in err
     assert "HINT: delete" in err
+
+
+def test_a_bit_flip_in_the_latest_snapshot_is_detected_and_the_newest_good_one_resumed(tmp_path, capsys):
+    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+    run = ["train", "mnist", "--subset", "200", "--no-progress", "--threads", "1", "--save-every", "1",
+           "--snapshot-dir", str(snaps), "--results-json", str(results)]
+    assert main([*run, "--epochs", "2"]) == 0
+    first = json.loads(results.read_text())
+    steps_per_epoch = first["epochs"][0]["steps"]
+    snapshots = sorted(snaps.glob("snapshot-*.pt"))
+    assert len(snapshots) == 2
+    latest = snapshots[-1]
+    data = bytearray(latest.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = bytes(b ^ 0xFF for b in data[middle:middle + 4096])  # 4 KiB flipped
+    latest.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    assert main([*run, "--epochs", "3"]) == 0
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert f"{latest} is damaged: its SHA-256" in output
+    assert "skipped, resuming from an older snapshot" in output
+    assert f"resumed from {snapshots[0]}" in output
+    body = json.loads(results.read_text())
+    assert body["resumed_from"] == str(snapshots[0])
+    assert [e["epoch"] for e in body["epochs"]] == [2, 3]  # epoch 2 is trained again, then 3
+    assert body["epochs"][-1]["steps"] == 3 * steps_per_epoch
+
+
+@pytest.mark.parametrize("kind", ["file", "proc"])
+def test_an_unusable_snapshot_dir_exits_2_before_training(tmp_path, capsys, kind):
+    folder = tmp_path / "snaps"
+    if kind == "file":
+        folder.write_text("not a folder")
+    else:
+        folder = Path("/proc/ringtrain-snapshots")
+    assert main(["train", "mnist", *QUICK, "--save-every", "1", "--snapshot-dir", str(folder)]) == 2
+    captured = capsys.readouterr()
+    assert str(folder) in captured.err
+    assert "HINT: point --snapshot-dir" in captured.err
+    assert "Traceback" not in captured.err
+    assert "epoch 1/1" not in captured.out  # refused before any training
 
 
 def test_one_process_trains_and_snapshots(tmp_path, capsys):
@@ -161,7 +207,57 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     assert body["epochs"][-1]["accuracy"] > 0.85
 
 
-def test_the_flags_are_frozen():
+@pytest.mark.slow
+@pytest.mark.parametrize(("nproc", "to_group"), [(1, False), (2, False), (2, True)])
+def test_ctrl_c_says_which_snapshot_was_written_last_and_that_the_same_command_resumes(nproc, to_group,
+                                                                                     tmp_path):
+    """SIGINT to the launcher (``kill -INT``), or to its whole process group (Ctrl-C on a terminal)."""
+    snaps = tmp_path / "snaps"
+    argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", str(nproc),
+            "--subset", "2000", "--epochs", "20", "--batch-size", "32", "--save-every", "1",
+            "--snapshot-dir", str(snaps), "--no-progress", "--threads", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(snaps.glob("snapshot-*.pt")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no snapshot appeared"
+            time.sleep(0.05)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    latest = max(snaps.glob("snapshot-*.pt"))
+    assert f"ringtrain train: stopped (SIGINT). Last snapshot: {latest} (after optimizer step " \
+           f"{int(latest.stem.split('-')[1])}, written" in err
+    assert "Run the same command again to resume from it." in err
+    assert "Traceback" not in err
+    assert "Root cause" not in err  # a stop is not a failure
+
+
+def test_stopped_message_without_snapshots(tmp_path):
+    from ringtrain.train.config import TrainerConfig
+    from ringtrain.train.job import TrainJob, stopped_message
+
+    none = TrainJob(workload="mnist", trainer=TrainerConfig())
+    assert "HINT: add --save-every 1" in stopped_message(none)
+    empty = TrainJob(workload="mnist", trainer=TrainerConfig(snapshot_dir=str(tmp_path), save_every=2))
+    assert "No snapshot was written yet" in stopped_message(empty)
+    assert "end of epoch 2" in stopped_message(empty)
+    (tmp_path / "snapshot-000000007.pt").write_bytes(b"x")
+    fresh = TrainJob(workload="mnist", trainer=TrainerConfig(snapshot_dir=str(tmp_path), save_every=2,
+                                                             resume=False))
+    assert "without --no-resume" in stopped_message(fresh, "SIGTERM")
+    assert "stopped (SIGTERM)" in stopped_message(fresh, "SIGTERM")
+
+
+def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
     import argparse
 
     from ringtrain.cli import train
@@ -170,11 +266,16 @@ def test_the_flags_are_frozen():
     train.register(parser.add_subparsers())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
     flags = {s for a in sub._actions for s in a.option_strings}
-    assert flags == {
+    dashed = {f for f in flags if "_" not in f}
+    assert dashed == {
         "-h", "--help", "-np", "--num-proc", "--epochs", "--batch-size", "--lr", "--optimizer", "--momentum",
         "--weight-decay", "--arch", "--strategy", "--fp16-allreduce", "--batches-per-allreduce", "--amp",
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
-        "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--save-every",
+        "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--like",
+        "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
-        "--no-progress",
+        "--no-progress", "--max-restarts",
     }
+    for flag in dashed:
+        if flag.startswith("--") and "-" in flag[2:]:
+            assert "--" + flag[2:].replace("-", "_") in flags, flag

@@ -23,6 +23,7 @@ and a forwarding process that holds every frame for the delay (``delay_link.py``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +125,45 @@ class NamespaceHosts:
         out = subprocess.run(["ip", "netns", "pids", self.hosts[host].namespace], capture_output=True,
                              text=True, check=True)
         return [int(pid) for pid in out.stdout.split()]
+
+    # --- breaking the link ------------------------------------------------------------------------
+
+    def set_link(self, up: bool) -> None:
+        """Cut the link between the hosts for good (``ip link set <veth> down``), or restore it."""
+        host = self.hosts["hostA"]
+        _ip("-n", host.namespace, "link", "set", host.interface, "up" if up else "down")
+
+    def mac(self, host: str) -> str:
+        """The MAC address of ``host``'s end of the link."""
+        h = self.hosts[host]
+        out = subprocess.run(["ip", "-n", h.namespace, "-o", "link", "show", h.interface],
+                             capture_output=True, text=True, check=True).stdout
+        return out.split("link/ether", 1)[1].split()[0]
+
+    @contextlib.contextmanager
+    def impaired(self, loss: float, delay_ms: float) -> Iterator[None]:
+        """Loss and delay on the link in both directions while inside (``lossy_link``: no netem here)."""
+        procs = []
+        try:
+            for host, peer in (("hostA", "hostB"), ("hostB", "hostA")):
+                argv = [sys.executable, "-m", "tests.integration.lossy_link", self.hosts[host].interface,
+                        self.hosts[peer].address, self.mac(peer), "--loss", str(loss), "--delay-ms",
+                        str(delay_ms), "--seed", str(len(procs))]
+                proc = subprocess.Popen(self.command(host, argv), stdout=subprocess.PIPE, text=True,
+                                        cwd=Path(__file__).resolve().parents[2])
+                procs.append(proc)
+                if proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                    raise RuntimeError(f"the lossy link forwarder on {host} did not start")
+            yield
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
     # --- life cycle ------------------------------------------------------------------------------
 

@@ -66,6 +66,30 @@ def test_a_program_that_exits_non_zero_is_reported_with_its_last_output(tmp_path
     assert "about to fail" in err
 
 
+GPU_SCRIPTS = {
+    "cuda tensor": "import torch\nif __import__('os').environ['RANK'] == '1':\n    torch.zeros(1).cuda()\n",
+    "nccl group": "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
+}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is visible here")
+@pytest.mark.parametrize("name", sorted(GPU_SCRIPTS))
+def test_a_rank_that_asks_for_a_gpu_where_none_is_visible_gets_a_hint(name, tmp_path, capsys):
+    script = tmp_path / "wants_gpu.py"
+    script.write_text(GPU_SCRIPTS[name])
+    assert run_node(spec(), [sys.executable, str(script)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("Root cause") == 1
+    assert "no CUDA device is visible here" in err
+    assert "HINT: on CPU use the gloo backend" in err
+    assert "--device cpu" in err
+
+
+def test_an_ordinary_failure_gets_no_gpu_hint(tmp_path, capsys):
+    assert run_node(spec(), [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
+    assert "no CUDA device" not in capsys.readouterr().err
+
+
 def test_a_driven_agent_prints_a_marker_instead_of_the_report(tmp_path, capsys):
     assert run_node(spec(failure_marker=True), [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
     lines = capsys.readouterr().err.splitlines()
@@ -120,3 +144,20 @@ def test_signal_handlers_come_back():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, saved)
+
+
+def test_restarts_that_run_out_report_the_first_failure_and_every_attempt(tmp_path, capsys):
+    node = spec(max_restarts=2)
+    assert run_node(node, [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
+    err = capsys.readouterr().err
+    # each restart is announced as it happens ...
+    assert err.count("restarting every rank") == 2
+    assert "attempt 0 failed at" in err
+    assert "rank 1 on " in err
+    # ... and the one report names the job's first failure and lists the attempts
+    assert err.count("Root cause") == 1
+    assert "job failed after 2 restart(s)" in err
+    assert "error      : ValueError: rank one gives up" in err
+    for attempt in range(3):
+        assert f"    attempt {attempt} ended " in err
+    assert "no restart left" in err

@@ -142,6 +142,41 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
         agent.stop()
 
 
+def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, monkeypatch):
+    # The driver beats on the agent's stdin; a link cut leaves the pipe open but silent.
+    monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "2")
+    agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
+
+    def started() -> bool:
+        agent.proc.stdin.write("\n")  # the driver's beat, until the ranks run; then silence
+        agent.proc.stdin.flush()
+        return len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None
+
+    try:
+        assert wait_until(started)
+        assert agent.proc.poll() is None, agent.err.read_text()
+        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        assert agent.proc.wait(timeout=120) == 128 + signal.SIGTERM  # stdin still open, only silent
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30)
+        assert "no word from the launcher for 2 s (RINGTRAIN_PEER_TIMEOUT_SECONDS)" in agent.err.read_text()
+    finally:
+        agent.stop()
+
+
+def test_an_agent_whose_driver_never_beats_judges_only_eof(tmp_path, monkeypatch):
+    monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "1")
+    code, _, err = Agent(driven_config(tmp_path), tmp_path).wait()
+    assert code == 0, err
+
+
+def test_bad_worker_settings_are_a_usage_error_naming_the_flag_value():
+    config = LaunchConfig(command=("python", "-c", "pass"), num_proc=2, tuning={"HOROVOD_CYCLE_TIME": "-1"})
+    with pytest.raises(UsageError, match=r"HOROVOD_CYCLE_TIME='-1' is out of range: it is in milliseconds"):
+        driver.check_worker_settings(config, {})
+    # interface names are the workers' to judge: their hosts may have others than this one
+    driver.check_worker_settings(LaunchConfig(command=("x",), network_interfaces=("ib9",)), {})
+
+
 # --- the srun re-launch ---------------------------------------------------------------------------
 
 def fake_srun(folder: Path) -> Path:

@@ -2,7 +2,9 @@
 
 import signal
 
-from ringtrain.launch.report import RankFailure, earliest, format_report
+import pytest
+
+from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 
 def failure(rank, time, exitcode=1, **kw):
@@ -30,3 +32,36 @@ def test_report_names_host_rank_signal_and_traceback():
     assert "SIGKILL" in text
     assert "Boom" in text
     assert "1 other rank(s) failed after it" in text
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"message": "AssertionError: Torch not compiled with CUDA enabled"}, True),
+    ({"message": "RuntimeError: Distributed package doesn't have NCCL built in"}, True),
+    ({"message": "RuntimeError: No CUDA GPUs are available"}, True),
+    ({"message": "RuntimeError: Found no NVIDIA driver on your system."}, True),
+    ({"output_tail": "some output\nRuntimeError: ProcessGroupNCCL is only supported with GPUs\n"}, True),
+    ({"message": "ValueError: rank one gives up"}, False),
+    ({"output_tail": "cuda was mentioned\nbut the error is elsewhere\n"}, False),
+])
+def test_asks_for_gpu(fields, expected):
+    assert asks_for_gpu(failure(1, 0.0, **fields)) is expected
+
+
+def test_the_report_shows_the_hint():
+    text = format_report(failure(1, 0.0, message="AssertionError: Torch not compiled with CUDA enabled",
+                                 hint=no_gpu_hint("hostB")))
+    assert "no CUDA device is visible here (host hostB" in text
+    assert "HINT:" in text
+
+
+def test_a_report_after_restarts_lists_every_attempt_and_survives_the_marker_hop():
+    root = failure(1, 5.0, exitcode=-signal.SIGKILL,
+                   history=("attempt 0 ended 10:00:00: rank 1 on hostB killed by SIGKILL; every rank "
+                            "restarted",
+                            "attempt 1 ended 10:00:09: rank 0 on hostB exit code 1; no restart left"))
+    assert RankFailure.from_marker(root.to_marker()) == root
+    text = format_report(root, 1, 2)
+    assert text.startswith("ringtrain run: job failed after 1 restart(s). Root cause (first rank to fail):")
+    assert "attempts   :" in text
+    assert "    attempt 0 ended 10:00:00: rank 1 on hostB killed by SIGKILL" in text
+    assert "no restart left" in text

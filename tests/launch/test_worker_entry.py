@@ -39,3 +39,36 @@ def test_python_names():
     assert is_python("/usr/bin/python3.11")
     assert not is_python("pythonista")
     assert not is_python("bash")
+
+
+def test_the_error_file_is_never_left_half_written(tmp_path, monkeypatch):
+    """A rank stopped mid-write (here: the disk fills up) leaves no half JSON where the agent reads."""
+    import json
+
+    from ringtrain.launch import worker_entry
+
+    def half_then_fail(data, fp):
+        fp.write(json.dumps(data)[:20])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(worker_entry.json, "dump", half_then_fail)
+    path = tmp_path / "error.json"
+    assert worker_entry.write_error_file(ValueError("x"), {"TORCHELASTIC_ERROR_FILE": str(path)}) is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_error_file_holds_the_exception(tmp_path):
+    import json
+
+    from ringtrain.launch.worker_entry import write_error_file
+
+    path = tmp_path / "error.json"
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        error = exc
+    assert write_error_file(error, {"TORCHELASTIC_ERROR_FILE": str(path)}) is True
+    body = json.loads(path.read_text())
+    assert body["message"]["message"] == "ValueError: boom"
+    assert "raise ValueError" in body["message"]["extraInfo"]["py_callstack"]
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]

@@ -24,6 +24,9 @@ for step in range(3):
     opt.step()
 out = {"rank": hvd.rank(), "size": hvd.size(), "total": total.item(), "horovod": horovod.__file__,
        "weight": model.weight.detach().flatten().tolist()}
-with open(os.path.join(sys.argv[1], f"rank{hvd.rank()}.json"), "w") as f:
+# written atomically, like every file a test reads from a rank: never seen half-written
+final = os.path.join(sys.argv[1], f"rank{hvd.rank()}.json")
+with open(final + ".tmp", "w") as f:
     json.dump(out, f)
+os.replace(final + ".tmp", final)
 hvd.shutdown()

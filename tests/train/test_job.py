@@ -101,3 +101,51 @@ def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path):
         launch_job(job)
     assert str(empty) in str(info.value)
     assert "HINT:" in str(info.value)
+
+
+def _refuse(constant: str) -> None:
+    raise ValueError(f"bare {constant} in the results: not standard JSON")
+
+
+def test_results_json_is_standard_json_with_null_for_what_was_not_measured(tmp_path):
+    # a regression has no accuracy: it was written as a bare NaN, which strict JSON readers refuse
+    results = tmp_path / "results.json"
+    job = TrainJob(workload="synthetic-ratings", trainer=QUICK.replace(max_steps_per_epoch=2), subset=300,
+                   results_json=str(results))
+    run_job(job)
+    body = json.loads(results.read_text(), parse_constant=_refuse)
+    (epoch,) = body["epochs"]
+    assert epoch["accuracy"] is None
+    assert isinstance(epoch["rmse"], float)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_like_gives_synthetic_images_the_sizes_of_a_real_data_set(tmp_path):
+    results = tmp_path / "results.json"
+    job = TrainJob(workload="synthetic", like="mnist", trainer=QUICK.replace(max_steps_per_epoch=2),
+                   subset=64, results_json=str(results))
+    assert TrainJob.from_json(job.to_json()) == job
+    run_job(job)  # the default model takes the 1x28x28 images
+    assert json.loads(results.read_text())["epochs"][0]["steps"] == 2
+    with pytest.raises(JobError, match="--like mnist shapes synthetic images"):
+        TrainJob(workload="mnist", like="mnist")
+
+
+@pytest.mark.parametrize("writer", ["results", "error"])
+def test_files_read_by_others_are_never_left_half_written(writer, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from ringtrain.train import job as job_module
+
+    def half_then_fail(self, text, *args, **kwargs):
+        with open(self, "w") as fp:
+            fp.write(text[: len(text) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        if writer == "results":
+            job_module.write_json_atomically(tmp_path / "results.json", {"epochs": [1, 2, 3]})
+        else:
+            write_error(tmp_path, 1, "--data-dir x: no MNIST files. HINT: download them")
+    assert list(tmp_path.iterdir()) == []

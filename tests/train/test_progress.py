@@ -33,3 +33,16 @@ def test_no_line_for_the_last_batch_nor_when_disabled(capsys):
     bar.update(3)
     Progress(False, total=3, description="x", interval_s=0.0).update(3)
     assert capsys.readouterr().out == ""
+
+
+def test_a_bar_when_the_launcher_draws_it_on_a_terminal(capsys, monkeypatch):
+    # stdout is a file under `ringtrain run`; the launcher says its console draws rank 0's bar live
+    monkeypatch.setenv("RINGTRAIN_LIVE_CONSOLE", "1")
+    bar = Progress(True, total=4, description="epoch 1/1", interval_s=0.0, clock=FakeClock(1.0))
+    for _ in range(4):
+        bar.update(1, loss=0.5)
+    bar.close()
+    out = capsys.readouterr().out
+    assert "\r" in out
+    assert "epoch 1/1:" in out
+    assert "\n" not in out  # redrawn in place, then cleared (leave=False): no line left behind

@@ -5,11 +5,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from ringtrain.exceptions import DamagedSnapshotError
 from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint, snapshot_name
 
 KILLED_WRITER = textwrap.dedent("""
@@ -40,7 +42,8 @@ def test_writer_killed_before_rename_leaves_previous_snapshot(tmp_path):
     leftovers = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert len(leftovers) == 1  # the dead writer's temporary file, never listed
     manager.remove_stale_temporaries()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [snapshot_name(1)]
+    # the snapshot and its checksum file; step 2's checksum file, written before the commit, is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot-000000001.json", snapshot_name(1)]
 
 
 KILLED_MID_WRITE = textwrap.dedent("""
@@ -124,3 +127,143 @@ def test_empty_or_missing_folder_has_no_latest(tmp_path):
     assert SnapshotManager(tmp_path).latest() is None
     with pytest.raises(ValueError, match="keep_last=0"):
         SnapshotManager(tmp_path, keep_last=0)
+
+
+# --- verification: checksums, damaged snapshots skipped, the previous format --------------------------
+
+def _flip(path, offset_fraction=0.5, length=4096):
+    """Invert ``length`` bytes in the middle of ``path``, in place (size unchanged): a damaged block."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * offset_fraction)
+    data[start:start + length] = bytes(b ^ 0xFF for b in data[start:start + length])
+    path.write_bytes(bytes(data))
+
+
+def _three_snapshots(folder):
+    manager = SnapshotManager(folder, keep_last=5)
+    for step in (1, 2, 3):
+        manager.save({"model": {"w": torch.full((20_000,), float(step))}, "step": step}, step=step)
+    return manager
+
+
+def test_every_snapshot_is_written_with_its_checksum_and_verifies(tmp_path):
+    manager = _three_snapshots(tmp_path)
+    for path in manager.list():
+        assert path.with_suffix(".json").exists()
+        assert manager.verify(path) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [snapshot_name(s) for s in (1, 2, 3)] + [snapshot_name(s)[:-3] + ".json" for s in (1, 2, 3)])
+
+
+def test_a_flipped_block_is_detected_and_the_newest_good_snapshot_is_taken(tmp_path):
+    manager = _three_snapshots(tmp_path)
+    latest = manager.latest()
+    _flip(latest)
+    with pytest.raises(DamagedSnapshotError, match="SHA-256") as info:
+        manager.load(latest)
+    assert str(latest) in str(info.value)
+    assert "HINT:" in str(info.value)
+    path, body, skipped = manager.load_newest()
+    assert path.name == snapshot_name(2)
+    assert torch.equal(body["model"]["w"], torch.full((20_000,), 2.0))
+    assert len(skipped) == 1
+    assert snapshot_name(3) in skipped[0]
+
+
+def test_a_truncated_or_unreadable_snapshot_is_skipped_too(tmp_path):
+    manager = _three_snapshots(tmp_path)
+    latest = manager.latest()
+    latest.write_bytes(latest.read_bytes()[:1000])
+    manager.list()[1].with_suffix(".json").write_text("{not json")
+    path, _, skipped = manager.load_newest()
+    assert path.name == snapshot_name(1)
+    assert "1000 bytes" in skipped[0]
+    assert "checksum file" in skipped[1]
+
+
+def test_when_every_snapshot_is_damaged_the_error_names_them_all(tmp_path):
+    manager = _three_snapshots(tmp_path)
+    for path in manager.list():
+        _flip(path)
+    with pytest.raises(DamagedSnapshotError) as info:
+        manager.load_newest()
+    message = str(info.value)
+    for step in (1, 2, 3):
+        assert snapshot_name(step) in message
+    assert "HINT: delete them" in message
+
+
+def test_a_snapshot_of_the_previous_format_loads_unverified(tmp_path, caplog):
+    # the earlier ringtrain wrote the same body, without a checksum file
+    legacy = tmp_path / snapshot_name(4)
+    torch.save({"format": "ringtrain-snapshot-1", "model": {"w": torch.ones(3)}, "step": 4}, legacy)
+    manager = SnapshotManager(tmp_path)
+    assert manager.verify(legacy) is False
+    with caplog.at_level("WARNING"):
+        path, body, skipped = manager.load_newest()
+    assert (path, skipped) == (legacy, [])
+    assert torch.equal(body["model"]["w"], torch.ones(3))
+    assert "no checksum file" in caplog.text
+
+
+def test_a_writer_killed_between_checksum_and_commit_leaves_nothing_listed(tmp_path):
+    manager = SnapshotManager(tmp_path)
+    manager.save({"model": {"w": torch.ones(3)}}, step=1)
+
+    def die(temp, final):
+        raise KeyboardInterrupt  # killed after the checksum file, before the rename that commits
+
+    manager._commit = die
+    with pytest.raises(KeyboardInterrupt):
+        manager.save({"model": {"w": torch.zeros(3)}}, step=2)
+    assert [p.name for p in manager.list()] == [snapshot_name(1)]
+    manager.remove_stale_temporaries()  # the checksum of the snapshot that never was goes too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot-000000001.json", snapshot_name(1)]
+
+
+def test_writer_killed_at_a_random_moment_leaves_a_good_newest_snapshot(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"first"
+        time.sleep(__import__("random").uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    manager = SnapshotManager(tmp_path)
+    manager.remove_stale_temporaries()
+    path, body, skipped = manager.load_newest()
+    assert skipped == []
+    assert manager.verify(path) is True
+    assert "w" in body["model"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_prune_removes_checksum_files_with_their_snapshots(tmp_path):
+    manager = SnapshotManager(tmp_path, keep_last=1)
+    for step in (1, 2):
+        manager.save({"step": step}, step=step)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot-000000002.json", snapshot_name(2)]
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "proc"])
+def test_an_unusable_snapshot_folder_is_refused_naming_it(tmp_path, kind):
+    if kind == "file":
+        folder = tmp_path / "snaps"
+        folder.write_text("a file")
+    elif kind == "under-a-file":
+        (tmp_path / "plain").write_text("a file")
+        folder = tmp_path / "plain" / "snaps"
+    else:
+        folder = Path("/proc/ringtrain-snapshots")  # no one may create files here, not even root
+    manager = SnapshotManager(folder)
+    with pytest.raises(SnapshotError) as info:
+        manager.check_writable()
+    assert str(folder) in str(info.value)
+    assert "HINT: point --snapshot-dir" in str(info.value)
+    with pytest.raises(SnapshotError, match="cannot write snapshot"):
+        manager.save({"step": 1}, step=1)
+
+
+def test_a_writable_folder_passes_and_keeps_no_probe(tmp_path):
+    SnapshotManager(tmp_path / "new" / "snaps").check_writable()
+    assert list((tmp_path / "new" / "snaps").iterdir()) == []

@@ -51,19 +51,25 @@ def test_movielens_defaults_beat_the_global_mean(shared_data: Path) -> None:
     assert rmse < 0.9 * baseline
 
 
-def test_synthetic_images_learn_with_the_defaults() -> None:
-    wl = get_workload("synthetic", shape=(3, 16, 16), size=2048, test_size=512)
+def test_synthetic_images_are_learned_over_epochs_but_not_perfectly() -> None:
+    wl = get_workload("synthetic", size=4096, test_size=1024)
     train, test = wl.datasets()
     torch.manual_seed(0)
     model = wl.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=wl.defaults.lr, momentum=wl.defaults.momentum)
-    for batch in torch.arange(len(train)).split(wl.defaults.batch_size):
-        optimizer.zero_grad()
-        wl.loss()(model(train.features[batch]), train.targets[batch]).backward()
-        optimizer.step()
-    with torch.no_grad():
-        accuracy = (model.eval()(test.features).argmax(1) == test.targets).float().mean().item()
-    assert accuracy > 0.8
+    generator = torch.Generator().manual_seed(0)
+    accuracies = []
+    for _ in range(4):
+        model.train()
+        for batch in torch.randperm(len(train), generator=generator).split(wl.defaults.batch_size):
+            optimizer.zero_grad()
+            wl.loss()(model(train.features[batch]), train.targets[batch]).backward()
+            optimizer.step()
+        with torch.no_grad():
+            accuracies.append((model.eval()(test.features).argmax(1) == test.targets).float().mean().item())
+    assert accuracies[-1] > accuracies[0] + 0.1  # it learns over epochs ...
+    assert accuracies[-1] > 0.35  # ... well above chance (10 %) ...
+    assert max(accuracies) < 0.95  # ... and the labels' randomness keeps it below perfect
 
 
 def test_synthetic_ratings_learn() -> None:

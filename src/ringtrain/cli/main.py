@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ringtrain import __version__
 from ringtrain.cli.errors import UsageError
+from ringtrain.cli.usage import HelpfulParser
 
 #: Subcommand modules, in the order ``ringtrain --help`` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -29,12 +30,12 @@ COMMANDS: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = HelpfulParser(
         prog="ringtrain",
         description="Data-parallel training for PyTorch, from one CPU core to many GPU nodes.",
     )
     parser.add_argument("--version", action="version", version=f"ringtrain {__version__}")
-    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=HelpfulParser)
     for name in COMMANDS:
         importlib.import_module(f"ringtrain.cli.{name}").register(subparsers)
     return parser

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, non_negative, spellings
-from ringtrain.exceptions import UsageError
+from ringtrain.engine.settings import Knob, knobs
+from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 from ringtrain.launch.worker_entry import is_python
@@ -311,11 +312,30 @@ def command_from_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[s
     return command, notes
 
 
+@dataclass(frozen=True)
+class _FlagOfKnob:
+    """A tuning flag seen through the knob it sets: the workers' rules, in the flag's words."""
+
+    flag: str
+    given: object
+    knob: Knob
+
+    def refuse(self, text: str, problem: str) -> SettingError:
+        kind = self.knob.kind
+        return SettingError(
+            f"{self.flag} {self.given} sets {self.knob.variable}={text!r}, which {problem}: "
+            f"{kind.requirement()}. HINT: leave {self.flag} out for the default ({self.knob.shown_default}) "
+            f"or give {kind.expected()}.")
+
+
 def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     """The worker variables set by horovodrun's tuning flags that were given.
 
     Negative numbers never get here: the parser's types refuse them, from flags and variables alike.
+    A value the workers' settings would refuse (``--gloo-timeout-seconds 0``) is refused here, with
+    the same rule, so that no rank starts only to fail.
     """
+    engine_knobs = {knob.variable: knob for knob in knobs()}
     env: dict[str, str] = {}
     for spec in TUNING_FLAGS:
         value = getattr(args, spec.dest, None)
@@ -333,6 +353,12 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
             env[spec.variable] = str(int(scaled)) if spec.kind == "int" or spec.scale != 1 else f"{scaled:g}"
         else:
             env[spec.variable] = str(value)
+        knob = engine_knobs.get(spec.variable)
+        if knob is not None:
+            try:
+                knob.kind.parse(_FlagOfKnob(spec.flag, value, knob), env[spec.variable])  # type: ignore[arg-type]
+            except SettingError as exc:
+                raise UsageError(str(exc)) from None
     return env
 
 

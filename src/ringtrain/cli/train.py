@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from ringtrain.cli.errors import UsageError
+from ringtrain.cli.options import spellings
 
 WORKLOAD_CHOICES = ("mnist", "fashion-mnist", "cifar10", "movielens", "synthetic", "synthetic-ratings")
 
@@ -34,49 +35,64 @@ def register(subparsers: Any) -> None:
         description="Train a built-in workload data-parallel. With -np N > 1 the ranks are started "
                     "through `ringtrain run`. Defaults come from the workload.")
     p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
-    p.add_argument("-np", "--num-proc", dest="np", type=_int, default=1, help="ranks on this machine (1)")
+    p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int, default=1,
+                   help="ranks on this machine (1)")
+    p.add_argument("--max-restarts", type=_int, default=0,
+                   help="restart every rank up to N times when one fails; training resumes from the last "
+                        "snapshot (0)")
     run = p.add_argument_group("training")
     run.add_argument("--epochs", type=_int, help="epochs in total (workload default)")
-    run.add_argument("--batch-size", type=_int, help="items per batch on each rank (workload default)")
+    run.add_argument(*spellings("--batch-size"), type=_int,
+                     help="items per batch on each rank (workload default)")
     run.add_argument("--lr", type=_float, help="learning rate of one rank (workload default)")
     run.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer (workload default)")
     run.add_argument("--momentum", type=_float, help="SGD momentum (workload default)")
-    run.add_argument("--weight-decay", type=_float, help="L2 penalty (workload default)")
+    run.add_argument(*spellings("--weight-decay"), type=_float, help="L2 penalty (workload default)")
     run.add_argument("--arch", help="model architecture of the workload (its default)")
     run.add_argument("--strategy", choices=("ddp", "horovod"), default="ddp",
                      help="DistributedDataParallel or ringtrain's Horovod DistributedOptimizer (ddp)")
-    run.add_argument("--fp16-allreduce", action="store_true", help="send gradients as float16")
-    run.add_argument("--batches-per-allreduce", type=_int, default=1,
+    run.add_argument(*spellings("--fp16-allreduce"), action="store_true", help="send gradients as float16")
+    run.add_argument(*spellings("--batches-per-allreduce"), type=_int, default=1,
                      help="micro-batches accumulated locally per allreduce and step (1)")
     run.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
-    run.add_argument("--scale-lr", action="store_true",
+    run.add_argument(*spellings("--scale-lr"), action="store_true",
                      help="multiply the lr by ranks x batches-per-allreduce (Goyal et al.)")
-    run.add_argument("--warmup-epochs", type=_float, default=0.0,
+    run.add_argument(*spellings("--warmup-epochs"), type=_float, default=0.0,
                      help="ramp the scaled lr up linearly over this many epochs (needs --scale-lr)")
     run.add_argument("--seed", type=_int, default=0, help="seed of data order, subset choice and RNGs (0)")
-    run.add_argument("--eval-every", type=_int, default=1, help="evaluate every N epochs (1)")
-    run.add_argument("--max-steps-per-epoch", type=_int, help="cut each epoch after N steps (quick trials)")
+    run.add_argument(*spellings("--eval-every"), type=_int, default=1, help="evaluate every N epochs (1)")
+    run.add_argument(*spellings("--max-steps-per-epoch"), type=_int,
+                     help="cut each epoch after N steps (quick trials)")
     run.add_argument("--device", choices=("cpu", "cuda"), help="device (CUDA when available)")
     run.add_argument("--threads", type=_int, help="torch threads per rank on CPU (cores / local ranks)")
-    run.add_argument("--num-workers", type=_int, default=0, help="DataLoader workers per rank (0)")
+    run.add_argument(*spellings("--num-workers"), type=_int, default=0,
+                     help="DataLoader workers per rank (0)")
     data = p.add_argument_group("data")
-    data.add_argument("--data-dir", help="folder holding the dataset files (default: built-in or cache)")
+    data.add_argument(*spellings("--data-dir"),
+                      help="folder holding the dataset files (default: built-in or cache)")
     data.add_argument("--download", action="store_true", help="download missing files (md5 verified)")
-    data.add_argument("--cache-dir", help="where downloads go")
+    data.add_argument(*spellings("--cache-dir"), help="where downloads go")
     data.add_argument("--subset", type=_int, help="keep at most N items of each split (seeded)")
+    data.add_argument("--like", choices=("mnist", "cifar10", "imagenet"),
+                      help="synthetic only: images with the shape, classes and item counts of this data set "
+                           "(default: CIFAR-shaped, 10,000 items)")
     snap = p.add_argument_group("snapshots")
-    snap.add_argument("--save-every", type=_int,
+    snap.add_argument(*spellings("--save-every"), type=_int,
                       help="snapshot every N epochs (1 when --snapshot-dir is given)")
-    snap.add_argument("--save-every-steps", type=_int, help="also snapshot every N optimizer steps")
-    snap.add_argument("--snapshot-dir", help="snapshot folder, resumed from automatically "
+    snap.add_argument(*spellings("--save-every-steps"), type=_int,
+                      help="also snapshot every N optimizer steps")
+    snap.add_argument(*spellings("--snapshot-dir"), help="snapshot folder, resumed from automatically "
                                              "(default with --save-every: ringtrain-snapshots/WORKLOAD)")
-    snap.add_argument("--keep-last", type=_int, default=3, help="snapshots to keep (3)")
-    snap.add_argument("--no-resume", dest="resume", action="store_false",
+    snap.add_argument(*spellings("--keep-last"), type=_int, default=3, help="snapshots to keep (3)")
+    snap.add_argument(*spellings("--no-resume"), dest="resume", action="store_false",
                       help="start afresh even if the snapshot folder holds snapshots")
     out = p.add_argument_group("output")
-    out.add_argument("--log-dir", help="write metrics.csv (and TensorBoard events) here")
-    out.add_argument("--results-json", help="write the per-epoch results here as JSON")
-    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    out.add_argument(*spellings("--log-dir"), help="write metrics.csv (and TensorBoard events) here")
+    out.add_argument(*spellings("--results-json"),
+                     help="write the per-epoch results here as JSON (a metric that was not measured, "
+                          "e.g. the accuracy of a regression, is null)")
+    out.add_argument(*spellings("--no-progress"), dest="progress", action="store_false",
+                     help="no progress bar")
     p.set_defaults(func=run_train)
 
 
@@ -94,6 +110,10 @@ def run_train(args: argparse.Namespace) -> int:
     if snapshot_dir is None and (args.save_every or args.save_every_steps):
         snapshot_dir = f"ringtrain-snapshots/{args.workload}"
     save_every = args.save_every if args.save_every is not None else (1 if snapshot_dir else None)
+    if args.max_restarts and not args.resume:
+        raise UsageError("--no-resume with --max-restarts: every restart would start training afresh and "
+                         "lose what earlier attempts learned. HINT: give a new, empty --snapshot-dir "
+                         "instead of --no-resume to start afresh.")
     try:
         config = TrainerConfig(
             epochs=args.epochs if args.epochs is not None else defaults.epochs,
@@ -106,9 +126,10 @@ def run_train(args: argparse.Namespace) -> int:
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
             max_steps_per_epoch=args.max_steps_per_epoch)
         job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
-                       download=args.download, cache_dir=args.cache_dir, subset=args.subset, arch=args.arch,
-                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
-                       weight_decay=args.weight_decay, results_json=args.results_json)
+                       download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
+                       arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                       weight_decay=args.weight_decay, results_json=args.results_json,
+                       max_restarts=args.max_restarts)
         return launch_job(job)
     except input_errors() as exc:
         raise UsageError(str(exc)) from None

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ringtrain.engine import liveness
+from ringtrain.engine.control_plane import candidate_addresses, node_identity
 from ringtrain.engine.controller import IDLE, Controller, RoundResult
 from ringtrain.engine.executor import run_allreduce, run_single
 from ringtrain.engine.fusion import fusion_key, plan_batches
@@ -26,7 +28,7 @@ from ringtrain.engine.requests import OpType, Request, RequestMeta, Response
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import World
 from ringtrain.engine.timeline import Timeline
-from ringtrain.exceptions import HorovodInternalError
+from ringtrain.exceptions import ControlPlaneError, HorovodInternalError
 
 log = logging.getLogger("ringtrain.engine")
 
@@ -61,13 +63,22 @@ class Engine:
         self.fusion_threshold = settings.fusion_threshold_bytes
         self.cycle_time = settings.cycle_time_ms / 1000.0
         self.timeline = Timeline()
-        self.groups = EngineGroups(world, settings)
+        #: Triggered when a peer is declared failed: every wait of this engine ends (engine.liveness).
+        self.abort = liveness.Abort()
+        liveness.current = self.abort
+        self.broken: str | None = None
+        self.groups = EngineGroups(world, settings, self.abort)
         self.ctrl, self.plane, self.cpu_ring = self.groups.ctrl, self.groups.plane, self.groups.cpu_ring
         #: Data groups of every process set, by id (the controller reads the same dict).
         self.sets = self.groups.sets
         for ranks in [list(range(self.size)), *(static_sets or [])]:
             self.groups.add_set(ranks)
-        self.homogeneous = self.groups.is_homogeneous()
+        self.heartbeats = self._start_heartbeats()
+        try:
+            self.homogeneous = self.groups.is_homogeneous()
+        except BaseException:
+            self._stop_heartbeats()
+            raise
         self.controller = Controller(
             self.rank, self.size, settings, self.sets, self.timeline, self.ctrl, self.plane, self._complete
         )
@@ -80,7 +91,6 @@ class Engine:
         self._stop_requested = False
         self._stop_reason = SHUT_DOWN_MESSAGE
         self.stopped = False
-        self.broken: str | None = None
         self._round_lock = threading.Lock()
         self._drivers = 0
         # Owned by whichever thread drives the rounds: the pacing state.
@@ -89,6 +99,57 @@ class Engine:
 
         self._thread = threading.Thread(target=self._main, name="ringtrain-engine", daemon=True)
         self._thread.start()
+
+    # ------------------------------------------------------------ liveness
+    def _start_heartbeats(self) -> liveness.Heartbeats | None:
+        """Beat to the peers and watch theirs (see engine.liveness); None in a one-rank job."""
+        if self.size == 1:
+            return None
+        world, settings, plane = self.world, self.settings, self.plane
+
+        def peer_address(peer: int) -> str | None:
+            # the control plane's connection already reaches that rank: its address works
+            return plane.peer_socket(peer).getpeername()[0] if plane is not None else None
+
+        heartbeats = liveness.Heartbeats.start(
+            world.store, self.rank, self.size, world.hostname, node_identity(),
+            candidate_addresses(world.main_address, settings.gloo_socket_ifname), peer_address,
+            settings.peer_timeout_s, settings.gloo_timeout_s, self._peer_failed)
+        if plane is not None:
+            plane.names = heartbeats.names
+            plane.watch_links(settings.peer_timeout_s)
+        return heartbeats
+
+    def _stop_heartbeats(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+
+    def whoami(self) -> str:
+        """``rank N on host H``."""
+        return f"rank {self.rank} on host {self.world.hostname}"
+
+    def _peer_failed(self, reason: str) -> None:
+        """A peer was declared failed (heartbeat thread): end every wait and fail every handle."""
+        with self._cv:
+            if self.broken is None:
+                self.broken = f"{SHUT_DOWN_MESSAGE} ({self.whoami()}: {reason})"
+            message = self.broken
+        log.error("%s: %s", self.whoami(), reason)
+        self.abort.trigger(reason)
+        if self.plane is not None:
+            self.plane.abort(reason)
+        self.handles.fail_all(message, HorovodInternalError)
+        with self._cv:
+            self._cv.notify_all()
+
+    def _collective_failed(self, exc: BaseException) -> str:
+        """The engine's message for a collective that raised ``exc``, naming the peers that are gone."""
+        detail = f"{type(exc).__name__}: {exc}"
+        gone = self.plane.gone_peers() if self.plane is not None else []
+        if gone and not isinstance(exc, ControlPlaneError):
+            names = ", ".join(self.plane.label(peer) for peer in gone) if self.plane is not None else ""
+            detail += f" ({names} exited: its connection is closed)"
+        return f"{SHUT_DOWN_MESSAGE} ({self.whoami()}: a collective failed: {detail})"
 
     # ------------------------------------------------------------ user side
     def submit(
@@ -156,6 +217,7 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.stopped = True
+        self._stop_heartbeats()
         if self.plane is not None:
             self.plane.close()
         self.handles.fail_all(self.broken or SHUT_DOWN_MESSAGE, HorovodInternalError)
@@ -186,15 +248,16 @@ class Engine:
         try:
             state = self._round()
         except Exception as exc:  # noqa: BLE001 - any failure must reach every waiting handle
-            self.broken = (
-                f"{SHUT_DOWN_MESSAGE} (rank {self.rank}: a collective failed: {type(exc).__name__}: {exc})"
-            )
+            with self._cv:
+                if self.broken is None:  # the heartbeats may have said why first
+                    self.broken = self._collective_failed(exc)
             log.debug("engine failed", exc_info=True)
             state = None
         if state is not None:
             self._last_state = state
         if state is None:
             self.stopped = True
+            self._stop_heartbeats()
             if self.plane is not None:
                 # Peers still waiting on this rank see end-of-file and stop too.
                 self.plane.close()

@@ -15,7 +15,12 @@ hold two messages. The ranks agree on a message limit that guarantees this from 
 each one got.
 
 A peer that dies closes its sockets, which every other rank sees as end-of-file in the same
-round, so a failure surfaces as :class:`ControlPlaneError` at once instead of at a timeout.
+round, so a failure surfaces as :class:`ControlPlaneError` at once instead of at a timeout. A peer
+that vanishes without closing anything (host down, link cut, process hung) is declared failed by the
+heartbeats (:mod:`ringtrain.engine.liveness`), which call :meth:`ControlPlane.abort`: every wait on
+the sockets ends with the heartbeats' reason. :meth:`ControlPlane.watch_links` also has the kernel
+probe idle connections and give up on unacknowledged rounds (TCP keepalive and
+``TCP_USER_TIMEOUT``), for hosts between which the heartbeats' UDP does not pass.
 
 Setup goes through the job's store: rank 0 publishes a random token, each rank publishes where it
 listens, connects to every lower rank and accepts every higher one. A connection is accepted only
@@ -25,6 +30,7 @@ with the job's token and a rank that is still missing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -118,6 +124,12 @@ class ControlPlane:
         self._order = sorted(peers)
         self.closed = False
         self.round_timeout_s = round_timeout_s
+        #: ``rank N on host H`` by rank, for messages (filled in once the heartbeats know the hosts).
+        self.names: dict[int, str] = {}
+        #: Why the plane was aborted (a peer declared failed), or None.
+        self.failure: str | None = None
+        #: TCP_USER_TIMEOUT of the connections outside ring transfers (ms; 0: the kernel's default).
+        self._user_timeout_ms = 0
         self._scratch = torch.empty(0, dtype=torch.uint8)
         #: Largest message every rank can buffer twice over (the same value on all ranks).
         self.max_message = MAX_MESSAGE_BYTES
@@ -198,17 +210,55 @@ class ControlPlane:
                 out[peer] = self._receive(peer)
         except OSError as exc:
             self.close()
+            if self.failure is not None:
+                raise ControlPlaneError(self.failure) from None
             if isinstance(exc, ControlPlaneError):
                 raise
-            raise ControlPlaneError(f"control connection to rank {peer} failed: {exc}") from exc
+            raise ControlPlaneError(self.broken_link(peer, exc)) from exc
         return out
+
+    def label(self, peer: int) -> str:
+        """``rank N on host H`` (``rank N`` until the hosts are known)."""
+        return self.names.get(peer, f"rank {peer}")
+
+    def broken_link(self, peer: int, exc: OSError) -> str:
+        """The message for a connection to ``peer`` that failed with ``exc``."""
+        unreachable = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)
+        if isinstance(exc, TimeoutError) or exc.errno in unreachable:
+            return (f"the connection to {self.label(peer)} timed out ({exc}): its host is unreachable or the "
+                    "network to it is cut (its kernel stopped answering)")
+        return f"the connection to {self.label(peer)} failed ({exc}): it exited or failed"
 
     def _receive(self, peer: int) -> bytearray:
         sock = self._peers[peer]
-        (length,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size, peer))
+        (length,) = _LENGTH.unpack(self._recv_exact(sock, _LENGTH.size, peer))
         if length > self.max_message:
-            raise ControlPlaneError(f"rank {peer} sent a {length}-byte control message (protocol error)")
-        return _recv_exact(sock, length, peer)
+            raise ControlPlaneError(
+                f"{self.label(peer)} sent a {length}-byte control message (protocol error)")
+        return self._recv_exact(sock, length, peer)
+
+    def _recv_exact(self, sock: socket.socket, count: int, peer: int) -> bytearray:
+        buffer = bytearray(count)
+        view = memoryview(buffer)
+        got = 0
+        while got < count:
+            try:
+                n = sock.recv_into(view[got:], count - got)
+            except TimeoutError:
+                raise ControlPlaneError(
+                    f"{self.label(peer)} sent nothing within the round timeout "
+                    f"(RINGTRAIN_ROUND_TIMEOUT_SECONDS={self.round_timeout_s:g} s) although it did not fail "
+                    "(its heartbeats arrive and its connection is open): its engine is stuck, e.g. in a long "
+                    "collective of a process set this rank is not in. HINT: raise "
+                    "RINGTRAIN_ROUND_TIMEOUT_SECONDS if such waits are expected."
+                ) from None
+            if n == 0:
+                if self.failure is not None:
+                    raise ControlPlaneError(self.failure)
+                raise ControlPlaneError(
+                    f"{self.label(peer)} closed its control connection (it exited or failed)")
+            got += n
+        return buffer
 
     def scratch(self, nbytes: int) -> torch.Tensor:
         """A reusable byte buffer for transfers over this plane (kept: a fresh one costs page faults)."""
@@ -231,15 +281,69 @@ class ControlPlane:
         """
         for sock in socks:
             sock.setblocking(False)
+            if self._user_timeout_ms:
+                # A ring transfer may fill a busy peer's buffers (a zero window), which TCP_USER_TIMEOUT
+                # would take for a dead link: here only the heartbeats judge the peer.
+                _set_user_timeout(sock, 0)
         try:
             yield time.monotonic() + self.round_timeout_s
         except OSError:
             self.close()
+            if self.failure is not None:
+                raise ControlPlaneError(self.failure) from None
             raise
         finally:
             if not self.closed:
                 for sock in socks:
                     sock.settimeout(self.round_timeout_s)
+                    if self._user_timeout_ms:
+                        _set_user_timeout(sock, self._user_timeout_ms)
+
+    def watch_links(self, peer_timeout_s: float) -> None:
+        """Have the kernel end connections whose peer host vanished within about ``peer_timeout_s``.
+
+        Keepalive probes an idle connection after a quarter of the time and gives up after the rest;
+        ``TCP_USER_TIMEOUT`` ends one whose sent round stays unacknowledged that long. Rounds are
+        small enough that a live peer's kernel always acknowledges them, so neither can mistake a
+        busy peer for a dead one (ring transfers, which can fill a busy peer's buffers, lift the
+        user timeout while they run).
+        """
+        idle = max(1, int(peer_timeout_s / 4))
+        interval = max(1, int(peer_timeout_s / 8))
+        probes = max(1, int(peer_timeout_s) // interval)
+        self._user_timeout_ms = int(peer_timeout_s * 1000)
+        for sock in self._peers.values():
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+            _set_user_timeout(sock, self._user_timeout_ms)
+
+    def abort(self, reason: str) -> None:
+        """A peer was declared failed (by another thread): every wait on the sockets ends with ``reason``.
+
+        The sockets are only shut down here, which wakes a thread blocked on them; the thread that
+        uses them closes them.
+        """
+        if self.failure is None:
+            self.failure = reason
+        for sock in self._peers.values():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def gone_peers(self) -> list[int]:
+        """Peers whose connection has ended (they exited), seen without consuming any data."""
+        gone = []
+        for peer, sock in self._peers.items():
+            try:
+                if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    gone.append(peer)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                gone.append(peer)
+        return gone
 
     def close(self) -> None:
         """Close every connection (peers blocked on us see end-of-file)."""
@@ -248,6 +352,11 @@ class ControlPlane:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+def _set_user_timeout(sock: socket.socket, milliseconds: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # TCP_USER_TIMEOUT is Linux's
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, milliseconds)
 
 
 def _recv_exact(sock: socket.socket, count: int, peer: int) -> bytearray:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtrain.engine import hierarchical
+from ringtrain.engine import hierarchical, liveness
 from ringtrain.engine.control_plane import ControlPlaneError
 from ringtrain.engine.requests import (
     ADASUM,
@@ -76,6 +76,8 @@ class SetGroups:
     buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict)
     #: Largest fusion buffer kept between batches (HOROVOD_FUSION_THRESHOLD).
     keep_bytes: int = 128 * 1024 * 1024
+    #: The engine's abort: waits on this set's gloo work end once a peer is declared failed.
+    abort: liveness.Abort = field(default_factory=liveness.Abort)
 
     def group(self, device: int) -> Any:
         if device < 0:
@@ -110,10 +112,12 @@ def _device(meta_device: int) -> torch.device:
     return torch.device("cpu") if meta_device < 0 else torch.device("cuda", meta_device)
 
 
-def _wait(work: Any, device: int) -> None:
-    work.wait()
+def _wait(work: Any, device: int, groups: SetGroups) -> None:
     if device >= 0:
+        work.wait()
         torch.cuda.current_stream(device).synchronize()
+        return
+    liveness.wait_on_group(work, groups.gloo, groups.abort)
 
 
 def _wait_inputs(requests: list[Request | None]) -> None:
@@ -189,7 +193,7 @@ def shares_gpu(groups: SetGroups, device: int) -> bool:
             digest = hashlib.sha256(gpu_identity(device).encode()).digest()[:16]
             mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
             rows = [torch.empty(16, dtype=torch.uint8) for _ in groups.ranks]
-            groups.gloo.allgather([rows], [mine]).wait()
+            liveness.wait_on_group(groups.gloo.allgather([rows], [mine]), groups.gloo, groups.abort)
             shared = len({bytes(row.tolist()) for row in rows}) < len(rows)
         groups.extra["shares_gpu"] = shared
         if shared and groups.extra.get("set_rank") == 0:
@@ -256,7 +260,7 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
-            _wait(groups.group(via).allreduce([wire], opts), via)
+            _wait(groups.group(via).allreduce([wire], opts), via, groups)
     if wire is not buffer:
         buffer.copy_(wire)
     post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
@@ -354,7 +358,7 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
             send = torch.zeros(width, dtype=torch.uint8, device=tensor.device)
             send[: tensor.numel() * tensor.element_size()].copy_(_bytes(tensor))
             recv = [torch.empty(width, dtype=torch.uint8, device=tensor.device) for _ in groups.ranks]
-            _wait(pg.allgather([recv], [send]), device)
+            _wait(pg.allgather([recv], [send]), device, groups)
             out_bytes = _bytes(out)
             offset = 0
             for count, chunk in zip(rows, recv):
@@ -382,7 +386,7 @@ def run_broadcast(response: Response, request: Request, groups: SetGroups) -> No
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        _wait(pg.broadcast([payload], opts), device)
+        _wait(pg.broadcast([payload], opts), device, groups)
 
 
 def run_alltoall(response: Response, request: Request, groups: SetGroups) -> None:
@@ -407,6 +411,7 @@ def run_alltoall(response: Response, request: Request, groups: SetGroups) -> Non
                 dist.AllToAllOptions(),
             ),
             device,
+            groups,
         )
     request.outputs[0] = out
     request.extra["received_splits"] = recv_splits
@@ -432,7 +437,7 @@ def run_reducescatter(response: Response, request: Request, groups: SetGroups) -
         if wire.numel() > 0:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM
-            _wait(groups.group(device).allreduce([wire], opts), device)
+            _wait(groups.group(device).allreduce([wire], opts), device, groups)
         if wire is not buffer:
             buffer.copy_(wire)
         rows = reducescatter_rows(tensor.shape[0], n)

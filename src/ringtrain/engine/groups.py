@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from ringtrain.engine import control_plane, hierarchical
+from ringtrain.engine import control_plane, hierarchical, liveness
 from ringtrain.engine.executor import SetGroups
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
@@ -20,16 +20,23 @@ from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
 class EngineGroups:
     """What one engine communicates over; ``sets`` maps process set ids to their data groups."""
 
-    def __init__(self, world: World, settings: Settings) -> None:
+    def __init__(self, world: World, settings: Settings, abort: liveness.Abort | None = None) -> None:
         self.world, self.settings = world, settings
         self.rank, self.size = world.rank, world.size
-        # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead
-        # peer is detected by the broken connection, not by this timeout.
+        #: Set when a peer is declared failed: every wait on these groups ends (see engine.liveness).
+        self.abort = abort or liveness.Abort()
+        # A round may legitimately wait very long for a slow rank (evaluation, checkpointing); a dead,
+        # hung or unreachable peer is detected by its connection or its heartbeats, not by this timeout.
         round_timeout = settings.round_timeout_s
+        mode = self._agree("ctrl/mode", self._mode) if self.size > 1 else "gloo"
+        # The control group carries the rounds only where they do not go over the socket mesh; there
+        # it needs the round timeout. Otherwise it runs data collectives of the global set, which wait
+        # at most HOROVOD_GLOO_TIMEOUT_SECONDS for a peer, as gloo operations do in Horovod.
+        ctrl_timeout = settings.gloo_timeout_s if mode == "tcp" else round_timeout
         self.ctrl = make_gloo_group(
-            world, "control", list(range(self.size)), round_timeout, settings.gloo_socket_ifname
+            world, "control", list(range(self.size)), ctrl_timeout, settings.gloo_socket_ifname
         )
-        self.plane = self._connect_plane(round_timeout)
+        self.plane = self._connect_plane(mode, round_timeout)
         ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
         #: CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
         self.cpu_ring = ring == "ring"
@@ -62,6 +69,7 @@ class EngineGroups:
             ring=self.cpu_ring,
             buffers=self._fusion_buffers,
             keep_bytes=self.settings.fusion_threshold_bytes,
+            abort=self.abort,
         )
         if self.rank in ranks:
             groups.extra["set_rank"] = ranks.index(self.rank)
@@ -82,20 +90,18 @@ class EngineGroups:
         if self.size == 1:
             return True
         out = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
-        self.ctrl.allgather([out], [mine]).wait()
+        liveness.wait_on_group(self.ctrl.allgather([out], [mine]), self.ctrl, self.abort)
         return len({int(t.item()) for t in out}) == 1
 
-    def _connect_plane(self, round_timeout: float) -> control_plane.ControlPlane | None:
-        """The socket mesh for rounds, or None where rounds go through gloo (rank 0 decides)."""
-        if self.size == 1:
+    def _mode(self) -> str:
+        """What carries the rounds: ``tcp`` (the socket mesh) or ``gloo`` (rank 0 decides for the job)."""
+        return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else self.settings.control_plane
+
+    def _connect_plane(self, mode: str, round_timeout: float) -> control_plane.ControlPlane | None:
+        """The socket mesh for rounds, or None where rounds go through gloo."""
+        if self.size == 1 or mode != "tcp":
             return None
         store = self.world.store
-
-        def mode() -> str:
-            return "gloo" if self.size > control_plane.DEFAULT_MAX_RANKS else self.settings.control_plane
-
-        if self._agree("ctrl/mode", mode) != "tcp":
-            return None
         return control_plane.ControlPlane.connect(
             store,
             self.rank,

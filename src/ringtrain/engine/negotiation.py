@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ringtrain.engine import liveness
 from ringtrain.engine.executor import mesh_allreduce, reduce_in_rank_order
 from ringtrain.engine.requests import REDUCE_OP_NAMES, SUM, OpType, RequestMeta
 
@@ -78,10 +79,10 @@ def exchange(vector: torch.Tensor, plane: Any, ctrl: Any, size: int) -> torch.Te
         mesh_allreduce(plane, vector, SUM)
         return vector
     if size * nbytes > _GATHER_ROUND_BYTES:
-        ctrl.allreduce([vector]).wait()
+        liveness.wait_on_group(ctrl.allreduce([vector]), ctrl)
         return vector
     rows = torch.empty(size, vector.numel(), dtype=vector.dtype)
-    ctrl._allgather_base(rows.view(-1), vector).wait()
+    liveness.wait_on_group(ctrl._allgather_base(rows.view(-1), vector), ctrl)
     return reduce_in_rank_order(rows.unbind(), SUM)
 
 
@@ -94,7 +95,7 @@ def gather(payload: bytes, lengths: list[int], plane: Any, ctrl: Any, size: int)
     if payload:
         send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     recv = [torch.empty(width, dtype=torch.uint8) for _ in range(size)]
-    ctrl.allgather([recv], [send]).wait()
+    liveness.wait_on_group(ctrl.allgather([recv], [send]), ctrl)
     return [bytes(recv[r][: lengths[r]].numpy()) if lengths[r] else b"" for r in range(size)]
 
 

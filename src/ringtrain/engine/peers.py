@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringtrain.engine import liveness
 from ringtrain.engine.control_plane import ControlPlaneError
-from ringtrain.engine.socket_ring import _transfer, ring_allreduce
+from ringtrain.engine.socket_ring import ring_allreduce, transfer
 
 _HEADER = struct.Struct("<Q")
 #: Gloo matches point-to-point messages by (peer, tag); members call in the same order, so one tag does.
@@ -124,7 +125,7 @@ class SocketPeers(Peers):
         out_sock, in_sock = self.plane.peer_socket(out_rank), self.plane.peer_socket(in_rank)
         expected = recv.numel() * recv.element_size()
         with self.plane.nonblocking(out_sock, in_sock) as deadline:
-            _transfer((out_sock, out_rank, in_sock, in_rank), _raw(send), [(_raw(recv), None)], expected,
+            transfer((out_sock, out_rank, in_sock, in_rank), _raw(send), [(_raw(recv), None)], expected,
                       deadline)
 
     def send(self, to: int, tensor: torch.Tensor) -> None:
@@ -179,9 +180,12 @@ class _GroupPeers(Peers):
         self.device = device
 
     def _wait(self, work: Any) -> None:
-        work.wait()
         if self.device >= 0:
+            work.wait()
             torch.cuda.current_stream(self.device).synchronize()
+        else:
+            # In slices, so that a peer declared failed (the engine's heartbeats) ends the wait.
+            liveness.wait_on_group(work, self.group)
 
     def reduce(self, tensor: torch.Tensor, root: int, combine: Callable[..., torch.Tensor], op: Any) -> None:
         opts = dist.ReduceOptions()
@@ -228,14 +232,14 @@ class GlooPeers(_GroupPeers):
         # Gloo sends asynchronously: post both, then wait, and the two directions overlap.
         sending = self.group.send([send.reshape(-1)], to, _TAG)
         receiving = self.group.recv([recv.reshape(-1)], source, _TAG)
-        receiving.wait()
-        sending.wait()
+        self._wait(receiving)
+        self._wait(sending)
 
     def send(self, to: int, tensor: torch.Tensor) -> None:
-        self.group.send([tensor.reshape(-1)], to, _TAG).wait()
+        self._wait(self.group.send([tensor.reshape(-1)], to, _TAG))
 
     def recv(self, source: int, tensor: torch.Tensor) -> None:
-        self.group.recv([tensor.reshape(-1)], source, _TAG).wait()
+        self._wait(self.group.recv([tensor.reshape(-1)], source, _TAG))
 
 
 class NcclPeers(_GroupPeers):

@@ -242,11 +242,19 @@ class Settings:
         "HOROVOD_TIMELINE_MARK_CYCLES", False, Switch(), "marks every round in the timeline", shown="off")
     gloo_timeout_s: float = _knob(
         "HOROVOD_GLOO_TIMEOUT_SECONDS", 300.0, Number("seconds", above=True),
-        "how long rendezvous, group setup and control-plane setup wait for the other ranks", shown="300")
+        "how long rendezvous, group setup, control-plane setup and each gloo operation wait for ranks that "
+        "are alive (a failed one ends the wait after RINGTRAIN_PEER_TIMEOUT_SECONDS)", shown="300")
     round_timeout_s: float = _knob(
         "RINGTRAIN_ROUND_TIMEOUT_SECONDS", 7 * 24 * 3600.0, Number("seconds", above=True),
-        "how long a round waits for a silent peer; a peer that died is detected at once",
+        "how long a round waits for a peer that is alive (its heartbeats arrive) but sends no round, "
+        "e.g. busy in a long collective of another process set; a dead, hung or unreachable peer ends the "
+        "wait after RINGTRAIN_PEER_TIMEOUT_SECONDS",
         shown="604800 = 7 days")
+    peer_timeout_s: float = _knob(
+        "RINGTRAIN_PEER_TIMEOUT_SECONDS", 20.0, Number("seconds", minimum=1.0),
+        "a rank whose heartbeats stop this long (killed, hung, host down, link cut) fails every rank with "
+        "HorovodInternalError; ranks that compute or wait still beat. Also the launcher's bound for an "
+        "unreachable host", shown="20")
     control_plane: str = _knob(
         "RINGTRAIN_CONTROL_PLANE", "tcp",
         Choice(("tcp", "gloo"), ("direct sockets, the default", "a gloo group")),
@@ -285,6 +293,25 @@ class Settings:
         environ = os.environ if environ is None else environ
         values = {f.name: knob_of(f).read(environ, f.default) for f in dataclasses.fields(cls)}
         return cls(**values)
+
+
+def read_knob(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One field of :class:`Settings` (by field name) read from ``environ``, checked like the rest.
+
+    For processes that need one knob and must not judge the others, such as a launcher's agent on a
+    host whose interfaces differ from the workers' (``GLOO_SOCKET_IFNAME``).
+    """
+    environ = os.environ if environ is None else environ
+    settings_field = next(f for f in dataclasses.fields(Settings) if f.name == name)
+    return knob_of(settings_field).read(environ, settings_field.default)
+
+
+def check_environ(environ: Mapping[str, str], skip: tuple[str, ...] = ()) -> None:
+    """Raise the first :class:`SettingError` among the knobs set in ``environ`` (variables in ``skip``
+    are not judged): the launcher checks its workers' variables with the rules the workers use."""
+    for knob in knobs():
+        if knob.variable not in skip:
+            knob.read(environ, None)
 
 
 def knob_of(settings_field: dataclasses.Field) -> Knob:

@@ -77,7 +77,7 @@ def ring_allreduce(
     largest = max(bounds[i + 1] - bounds[i] for i in range(count))
     scratch = plane.scratch(min(largest, piece_elements) * item).view(flat.dtype)
     scratch_raw = memoryview(scratch.view(torch.uint8).numpy())
-    links = (out_sock, successor, in_sock, predecessor)
+    links = (out_sock, plane.label(successor), in_sock, plane.label(predecessor))
     with plane.nonblocking(out_sock, in_sock) as deadline:
         for step in range(count - 1):
             send_lo, send_hi = chunk(me - step)
@@ -89,17 +89,17 @@ def ring_allreduce(
                 part = scratch[: hi - lo]
                 pieces.append((scratch_raw[: (hi - lo) * item], partial(combine, target, part, out=target)))
             outgoing = raw[send_lo * item : send_hi * item]
-            _transfer(links, outgoing, pieces, (recv_hi - recv_lo) * item, deadline)
+            transfer(links, outgoing, pieces, (recv_hi - recv_lo) * item, deadline)
         for step in range(count - 1):
             send_lo, send_hi = chunk(me + 1 - step)
             recv_lo, recv_hi = chunk(me - step)
             target_raw = raw[recv_lo * item : recv_hi * item]
             outgoing = raw[send_lo * item : send_hi * item]
-            _transfer(links, outgoing, [(target_raw, None)], len(target_raw), deadline)
+            transfer(links, outgoing, [(target_raw, None)], len(target_raw), deadline)
 
 
-def _transfer(
-    links: tuple[Any, int, Any, int],
+def transfer(
+    links: tuple[Any, str, Any, str],
     payload: memoryview,
     pieces: list[tuple[memoryview, Callable[[], Any] | None]],
     expected: int,
@@ -107,11 +107,11 @@ def _transfer(
 ) -> None:
     """Send ``payload`` to the successor while receiving ``expected`` bytes from the predecessor.
 
-    ``links`` is (successor socket, its rank, predecessor socket, its rank). Both directions progress
+    ``links`` is (successor socket, its name, predecessor socket, its name). Both directions progress
     together (a blocking send could wait for a peer that is itself blocked sending to us). Received
     bytes fill ``pieces`` in order; a piece's callback runs once it is full, before the next is read.
     """
-    out_sock, out_rank, in_sock, in_rank = links
+    out_sock, out_name, in_sock, in_name = links
     outgoing: deque[memoryview] = deque([memoryview(_STEP_HEADER.pack(len(payload)))])
     if len(payload):
         outgoing.append(payload)
@@ -128,7 +128,7 @@ def _transfer(
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
-                raise _broken(out_rank, exc) from exc
+                raise _broken(out_name, exc) from exc
             if sent:
                 moved = True
                 if sent == len(outgoing[0]):
@@ -142,10 +142,10 @@ def _transfer(
             except BlockingIOError:
                 got = -1
             except OSError as exc:
-                raise _broken(in_rank, exc) from exc
+                raise _broken(in_name, exc) from exc
             if got == 0:
                 raise ControlPlaneError(
-                    f"rank {in_rank} closed its connection during an allreduce (it exited or failed)"
+                    f"{in_name} closed its connection during an allreduce (it exited or failed)"
                 )
             if got > 0:
                 moved = True
@@ -158,7 +158,7 @@ def _transfer(
                         (length,) = _STEP_HEADER.unpack(header)
                         if length != expected:
                             raise ControlPlaneError(
-                                f"rank {in_rank} sent {length} bytes for an allreduce step that expects "
+                                f"{in_name} sent {length} bytes for an allreduce step that expects "
                                 f"{expected} (the ranks' streams are out of step: a bug)"
                             )
                     elif done is not None:
@@ -178,7 +178,7 @@ def _transfer(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ControlPlaneError(
-                f"an allreduce step between rank {in_rank} and rank {out_rank} made no progress within the "
+                f"an allreduce step between {in_name} and {out_name} made no progress within the "
                 "round timeout (RINGTRAIN_ROUND_TIMEOUT_SECONDS)"
             )
         ready = poller.poll(min(remaining, 3600.0) * 1000.0)
@@ -190,5 +190,5 @@ def _transfer(
         # POLLERR / POLLHUP surface as an error or end-of-file from the next send or receive.
 
 
-def _broken(rank: int, exc: OSError) -> ControlPlaneError:
-    return ControlPlaneError(f"connection to rank {rank} failed during an allreduce: {exc}")
+def _broken(name: str, exc: OSError) -> ControlPlaneError:
+    return ControlPlaneError(f"the connection to {name} failed during an allreduce: {exc}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -66,7 +66,7 @@ def rendezvous(timeout_s: float) -> World:
         node_rank = placement.node_rank
     else:
         local_rank, local_size, cross_rank, cross_size, node_rank = 0, 1, rank, size, rank
-    store = dist.PrefixStore(f"ringtrain/gen{_generation}/", base)
+    store = dist.PrefixStore(namespace(_generation), base)
     return World(
         rank=rank,
         size=size,
@@ -80,6 +80,19 @@ def rendezvous(timeout_s: float) -> World:
         main_address=placement.main_address,
         node_rank=node_rank,
     )
+
+
+def namespace(generation: int, environ: Mapping[str, str] | None = None) -> str:
+    """The key prefix of one ``init()``: run id, attempt and generation, so that no attempt of a restarted
+    job (``--max-restarts``) and no earlier ``init()`` of this process is ever read again.
+
+    The attempt is ``RINGTRAIN_ATTEMPT`` (set by ``ringtrain run``: the rendezvous round, the same on
+    every node), else torchrun's ``TORCHELASTIC_RESTART_COUNT``, else 0.
+    """
+    environ = os.environ if environ is None else environ
+    run = environ.get("TORCHELASTIC_RUN_ID", "")
+    attempt = environ.get("RINGTRAIN_ATTEMPT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return "/".join(part for part in ("ringtrain", run, f"attempt{attempt}", f"gen{generation}") if part)
 
 
 def _base_store(address: str, port: int, rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:

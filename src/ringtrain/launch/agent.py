@@ -18,10 +18,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -60,6 +60,10 @@ class NodeSpec:
     """This node's address for the rendezvous (torch's ``local_addr``)."""
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     """Extra rendezvous settings; they win over the ones derived here (``timeout``)."""
+    secret: str | None = field(default=None, repr=False)
+    """The job's secret, when a driver handed one over (else: the environment's, or a new one)."""
+    layout: tuple[int, ...] | None = None
+    """Ranks on every node in node-rank order, when a driver knows them (else ``nproc`` everywhere)."""
 
 
 class AgentFailed(Exception):
@@ -138,58 +142,117 @@ def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: st
         trace = str(extra.get("py_callstack", ""))
         with contextlib.suppress(TypeError, ValueError):
             when = float(extra.get("time", extra.get("timestamp", when)))
-    return RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
-                       pid=failure.pid, time=when, message=message, traceback=trace,
-                       output_tail="" if trace else _tail(stderr_path))
+    found = RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
+                        pid=failure.pid, time=when, message=message, traceback=trace,
+                        output_tail="" if trace else _tail(stderr_path))
+    if asks_for_gpu(found) and not _cuda_visible():
+        found = replace(found, hint=no_gpu_hint(host))
+    return found
+
+
+def _cuda_visible() -> bool:
+    """``torch.cuda.is_available()`` on this host (the rank's), asked only when a rank failed."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def run_node(spec: NodeSpec, command: list[str]) -> int:
     """Start ``spec.nproc`` ranks of ``command`` on this node; returns the exit code for the launcher.
 
-    On failure prints the root-cause report (or a marker line for a driver) and returns 1. A SIGTERM
-    or SIGINT stops every rank and returns 128 + the signal number.
+    On failure prints the root-cause report (or a marker line for a driver) and returns 1 (2 when the
+    nodes were started with settings that disagree). With ``max_restarts`` every failure of a rank
+    restarts the whole group (on every node) until the restarts run out; each restart is announced
+    on stderr as it happens and listed in the final report. A SIGTERM or SIGINT stops every rank and
+    returns 128 + the signal number.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
-    from torch.distributed.launcher.api import launch_agent
 
-    from ringtrain.launch.logs import LINE_PREFIX, RankLogsSpecs
+    from ringtrain.engine.auth import ENV_SECRET
+    from ringtrain.exceptions import RendezvousFailedError, RendezvousMismatchError
+    from ringtrain.launch import store_host
+    from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
+    from ringtrain.launch.rendezvous import BACKEND, NodeMeeting, NodeView
+    from ringtrain.launch.restarts import GroupAgent, Restart, run_agent
 
     host = spec.host or socket.gethostname()
     log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
-    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee)
+    relay = ConsoleRelay(sys.stdout, sys.stderr)
+    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
+                         relay=relay)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1)), **spec.rdzv_conf}
     if spec.rdzv_backend == "static":
         rdzv_configs["rank"] = spec.node_rank
+    # "static" (torchrun's fixed membership) is served by ringtrain's own handler; c10d stays torch's.
+    backend = BACKEND if spec.rdzv_backend == "static" else spec.rdzv_backend
     torch_config = TorchLaunchConfig(
         min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nproc_per_node=spec.nproc, logs_specs=logs,
         run_id=spec.run_id, role="ringtrain", rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_backend=spec.rdzv_backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
-        monitor_interval=0.1, log_line_prefix_template=LINE_PREFIX, local_addr=spec.local_addr,
+        rdzv_backend=backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
+        monitor_interval=0.1, local_addr=spec.local_addr,
     )
-    env = dict(spec.env)
-    # launch_agent writes this into os.environ; listing it here makes patched_environ restore it.
+    env = {**relay.worker_variables(), **spec.env}
+    # the agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
+    meeting = None
+    if backend == BACKEND:
+        secret = store_host.node_secret(os.environ, whole_job_here=spec.max_nodes == 1, given=spec.secret)
+        if secret:
+            env[ENV_SECRET] = secret
+        endpoint_host, _, endpoint_port = spec.rdzv_endpoint.rpartition(":")
+        view = NodeView.here(spec.node_rank, spec.max_nodes, spec.nproc, spec.run_id, int(endpoint_port),
+                             layout=spec.layout, host=host)
+        meeting = NodeMeeting(view=view, endpoint=spec.rdzv_endpoint, secret=secret,
+                              bootstrap_host=endpoint_host.strip("[]") or "127.0.0.1",
+                              timeout=float(max(spec.rdzv_timeout, 1)))
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
     # into "$"; doubling each "$" hands the user's arguments over unchanged.
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
+    history: list[tuple[Restart, list[RankFailure]]] = []
+    agents: list[GroupAgent] = []
+
+    def on_restart(restart: Restart) -> None:
+        failures = [_failure_from(rank, pf, host, _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
+                    for rank, pf in restart.failures.items()]
+        history.append((restart, failures))
+        print(f"ringtrain run: {_restart_line(restart, failures, host)}", file=sys.stderr, flush=True)
+
     try:
         with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
-            launch_agent(torch_config, sys.executable, args)
+            relay.start()
+            try:
+                if meeting is not None:
+                    torch_config.rdzv_configs.update(meeting.open())
+                run_agent(torch_config, sys.executable, args, on_restart=on_restart, on_agent=agents.append)
+            finally:
+                relay.stop()  # every rank's output is out before a failure report follows it
+        if agents and agents[0].closed_while_finishing:
+            return _node_error(spec, host, f"this node's ranks finished, but the job failed elsewhere: "
+                                           f"{agents[0].closed_while_finishing}", 1)
         return 0
     except ChildFailedError as exc:
+        if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
+            # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
+            return 128 + signal.SIGINT
         failures = [_failure_from(rank, pf, host,
                                   _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
                     for rank, pf in exc.failures.items()]
         root = earliest(failures)
         assert root is not None
+        if history:
+            root = _with_history(root, history)
         _emit(spec, root, len(failures))
         return 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 130
+    except RendezvousMismatchError as exc:
+        return _node_error(spec, host, str(exc), 2)
+    except RendezvousFailedError as exc:
+        return _node_error(spec, host, f"node {spec.node_rank}: {exc}", 1)
     except Exception as exc:  # rendezvous or store errors: no rank ran, so say where they met
         failure = RankFailure(host=host, rank=-1, local_rank=-1, exitcode=1, pid=os.getpid(),
                               time=time.time(), message=(
@@ -203,10 +266,57 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                   f"{spec.rdzv_endpoint} and that the port is free (--master-port).", file=sys.stderr)
         return 1
     finally:
+        if meeting is not None:
+            meeting.close(agents[0].get_worker_group().spec.rdzv_handler if agents else None)
         sys.stdout.flush()
         sys.stderr.flush()
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _restart_line(restart: Any, failures: list[RankFailure], host: str) -> str:
+    """What one restart says on stderr as it happens."""
+    when = time.strftime("%H:%M:%S", time.localtime(restart.time))
+    nxt = f"attempt {restart.attempt + 1}"
+    if not failures:
+        return (f"another node restarted its ranks after attempt {restart.attempt}; restarting this "
+                f"node's ranks ({host}) too ({nxt})")
+    first = earliest(failures)
+    assert first is not None
+    return (f"attempt {restart.attempt} failed at {when}: {_describe(first)}; restarting every rank "
+            f"({nxt}, {restart.restarts_left} restart(s) left)")
+
+
+def _describe(failure: RankFailure) -> str:
+    text = f"rank {failure.rank} on {failure.host} {failure.status()}"
+    return f"{text} ({failure.message})" if failure.message else text
+
+
+def _with_history(last: RankFailure, history: list[tuple[Any, list[RankFailure]]]) -> RankFailure:
+    """The job's first failure as the root cause, with one line per attempt (the last one included)."""
+    lines = []
+    for restart, found in history:
+        when = time.strftime("%H:%M:%S", time.localtime(restart.time))
+        first = earliest(found)
+        what = _describe(first) if first is not None else "another node restarted its ranks"
+        lines.append(f"attempt {restart.attempt} ended {when}: {what}; every rank restarted")
+    final_attempt = history[-1][0].attempt + 1
+    lines.append(f"attempt {final_attempt} ended {time.strftime('%H:%M:%S', time.localtime(last.time))}: "
+                 f"{_describe(last)}; no restart left")
+    firsts = [earliest(found) for _, found in history if found]
+    root = firsts[0] if firsts and firsts[0] is not None else last
+    return replace(root, history=tuple(lines))
+
+
+def _node_error(spec: NodeSpec, host: str, message: str, code: int) -> int:
+    """A failure outside the ranks (rendezvous, another node): a marker for a driver, else one error line."""
+    if spec.failure_marker:
+        failure = RankFailure(host=host, rank=-1, local_rank=-1, exitcode=code, pid=os.getpid(),
+                              time=time.time(), message=message)
+        print(failure.to_marker(), file=sys.stderr, flush=True)
+    else:
+        print(f"ringtrain run: error: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 def _stderr_path(log_dir: str, output_dir: str | None, rank: int, local_rank: int) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -23,7 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ringtrain import __version__
-from ringtrain.exceptions import UsageError
+from ringtrain.engine.auth import ENV_SECRET
+from ringtrain.engine.settings import check_environ, read_knob
+from ringtrain.exceptions import SettingError, UsageError
+from ringtrain.launch import store_host
 from ringtrain.launch.agent import NodeSpec, run_node
 from ringtrain.launch.config import DriverLink, LaunchConfig, exported_values, worker_environment
 from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name, nodes_of
@@ -34,6 +38,10 @@ from ringtrain.launch.worker_entry import is_python
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
 SHUTDOWN_GRACE = 30.0
+#: Most seconds between two heartbeats a driver writes to each agent's stdin (and back, on stderr).
+BEAT_INTERVAL = 1.0
+#: The line a driven agent writes on stderr every second: the driver hears that its host is there.
+ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 
 
 def check_command(command: Sequence[str], no_python: bool = False) -> None:
@@ -104,6 +112,7 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     exported_values(config, environ)  # a bare -x NAME that is not set here fails before anything starts
     if config.log_dir:
         check_log_dir(config.log_dir)
+    check_worker_settings(config, environ)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)
@@ -112,6 +121,19 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     if isinstance(plan, HostsPlan):
         return _launch_hosts(config, plan, environ)
     return _launch_node(config, plan, environ)
+
+
+def check_worker_settings(config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    """Refuse a ``HOROVOD_*`` / ``RINGTRAIN_*`` value the workers would refuse, before any rank starts.
+
+    The rules are the workers' own (``ringtrain.engine.settings``). Interface names are left to the
+    workers: the hosts that run them may have other interfaces than this one.
+    """
+    try:
+        check_environ({**environ, **config.worker_env}, skip=("GLOO_SOCKET_IFNAME",))
+    except SettingError as exc:
+        problem, _, hint = str(exc).partition(" HINT: ")
+        raise UsageError(f"{problem} Every rank would refuse it, so none was started. HINT: {hint}") from None
 
 
 def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str],
@@ -126,6 +148,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
+    # A driver's agent finds the job's secret on the first line of its stdin (see store_host).
+    secret = store_host.read_secret() if driven else None
     spec = NodeSpec(
         nproc=plan.nproc, node_rank=plan.node_rank, min_nodes=plan.min_nodes, max_nodes=plan.max_nodes,
         rdzv_backend=plan.rdzv_backend, rdzv_endpoint=endpoint, run_id=plan.run_id,
@@ -135,33 +159,74 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
         failure_marker=driven, verbose=config.verbose, log_dir=_absolute(config.log_dir),
         redirects=config.redirects, tee=config.tee, local_addr=config.local_addr, rdzv_conf=config.rdzv_conf,
+        secret=secret, layout=config.driver.node_slots if config.driver is not None else None,
     )
-    watcher = _watch_stdin() if driven else None
+    watcher = None
+    if driven:
+        peer_timeout = read_knob("peer_timeout_s", environ)
+        watcher = _watch_stdin(peer_timeout, spec.host or socket.gethostname())
+        _beat_to_driver(min(BEAT_INTERVAL, peer_timeout / 4))
     try:
         return run_node(spec, list(config.command))
     finally:
         del watcher
 
 
-def _watch_stdin() -> threading.Thread:
+def _beat_to_driver(interval: float) -> threading.Thread:
+    """Write :data:`ALIVE_LINE` on stderr every ``interval`` s: the driver's sign that this host is
+    reachable (it reports a host it has not heard from for RINGTRAIN_PEER_TIMEOUT_SECONDS as lost)."""
+    def beat() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                sys.stderr.write(ALIVE_LINE + "\n")
+                sys.stderr.flush()
+                time.sleep(interval)
+
+    thread = threading.Thread(target=beat, name="ringtrain-alive", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch_stdin(silence_s: float, host: str) -> threading.Thread:
     """A driver's agents stop when the driver goes away: EOF on stdin means SIGTERM to ourselves.
+
+    The driver also writes a heartbeat line every second: once one has arrived, ``silence_s``
+    (``RINGTRAIN_PEER_TIMEOUT_SECONDS``) without another means the driver's host is unreachable or
+    the link to it is cut (ssh would notice only at the kernel's TCP timeout, minutes later), and
+    this host's ranks are stopped too. An agent whose driver never beats judges only EOF.
 
     The agent's main thread can sit in a blocking store call (the exit barrier after its ranks
     finished, or a rendezvous) where Python signal handlers do not run; once none of our worker
     processes is left, exiting at once is safe, so the watcher does that.
     """
     def watch() -> None:
+        heard, last = False, time.monotonic()
         # os.read on the raw descriptor: a daemon thread blocked in sys.stdin would hold its lock at exit.
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                ready, _, _ = select.select([0], [], [], 1.0)
+                if ready:
+                    if not os.read(0, 4096):
+                        break
+                    heard, last = True, time.monotonic()
+                elif heard and time.monotonic() - last > silence_s:
+                    print(f"ringtrain run: host {host}: no word from the launcher for {silence_s:g} s "
+                          "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to it "
+                          "is cut; stopping the ranks of this host.", file=sys.stderr, flush=True)
+                    break
         os.kill(os.getpid(), signal.SIGTERM)
         while True:
             time.sleep(1.0)
-            if not live_children(os.getpid()):
+            children = live_children(os.getpid())
+            if not children:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(128 + signal.SIGTERM)
+            # A stopped rank (SIGSTOP, a debugger) takes the agent's SIGTERM only once it runs again;
+            # without this it would be killed only after the agent's 30 s grace.
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
@@ -226,7 +291,10 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
-    proc = subprocess.Popen(srun)
+    # srun hands its environment to every task: the secret reaches each node's agent there, not in argv.
+    env = dict(os.environ)
+    env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
+    proc = subprocess.Popen(srun, env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -244,6 +312,15 @@ class _Node:
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.failures, self.lock = failures, lock
         self.errors: list[str] = []
+        #: When this agent was seen to end with an error before the driver asked anything of it.
+        self.ended_early: float | None = None
+        #: When its last sign of life arrived (None until the first: an agent that never beats is not
+        #: judged), and whether the driver gave up on hearing from it.
+        self.heard: float | None = None
+        self.silent_for: float | None = None
+        self._stopping = False
+        with contextlib.suppress(OSError, AttributeError):
+            os.set_blocking(self.proc.stdin.fileno(), False)  # type: ignore[union-attr]
         self.threads = [threading.Thread(target=self._relay, args=(self.proc.stdout, sys.stdout, False),
                                          daemon=True),
                         threading.Thread(target=self._relay, args=(self.proc.stderr, sys.stderr, True),
@@ -254,6 +331,9 @@ class _Node:
     def _relay(self, stream: object, dest: object, is_err: bool) -> None:
         for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
             line = raw.decode(errors="replace")
+            if is_err and line.rstrip("\n") == ALIVE_LINE:
+                self.heard = time.monotonic()
+                continue
             failure = RankFailure.from_marker(line.rstrip("\n")) if is_err else None
             with self.lock:
                 if failure is not None:
@@ -264,8 +344,54 @@ class _Node:
                 dest.write(line)  # type: ignore[attr-defined]
                 dest.flush()  # type: ignore[attr-defined]
 
+    def beat(self) -> None:
+        """One heartbeat line on the agent's stdin: the agent stops its ranks when they stop coming."""
+        if self._stopping:
+            return
+        # A full pipe (an agent or an ssh that does not read) skips a beat rather than block the driver.
+        with contextlib.suppress(OSError, ValueError):
+            os.write(self.proc.stdin.fileno(), b"\n")  # type: ignore[union-attr]
+
+    def lost(self) -> RankFailure:
+        """The root-cause record of an agent that ended with an error and no report of its ranks."""
+        tail = [line.strip() for line in self.errors if line.strip()]
+        last = tail[-1] if tail else ""
+        code = self.proc.returncode
+        if self.silent_for is not None:
+            message = (f"lost contact with host {self.host}: no word from its agent for "
+                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or the "
+                       "network to it is cut")
+        elif self.remote and code == 255 and ("not responding" in last or "timed out" in last.lower()):
+            message = (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network "
+                       "to it is cut)")
+        elif self.remote and code == 255:
+            message = (f"the agent on host {self.host} ended without a report (ssh exit code 255: it was "
+                       f"killed, or its ssh session broke{': ' + last if last else ''})")
+        elif code is not None and code < 0:
+            message = f"the agent of node {self.index} on host {self.host} was killed by " \
+                      f"{signal.Signals(-code).name}"
+        else:
+            how = "ssh" if self.remote else "local"
+            message = f"the agent of node {self.index} ({how}) ended without a report"
+        return RankFailure(host=self.host, rank=-1, local_rank=-1, exitcode=code if code is not None else -1,
+                           pid=self.proc.pid, time=self.ended_early or time.time(),
+                           output_tail="".join(self.errors), message=message,
+                           state="unreachable" if self.silent_for is not None else "")
+
+    def check_silence(self, limit: float) -> bool:
+        """True (once) when the agent, heard before, has said nothing for ``limit`` s: its host is lost."""
+        if self.heard is None or self.silent_for is not None or self.proc.poll() is not None:
+            return False
+        silent = time.monotonic() - self.heard
+        if silent <= limit:
+            return False
+        self.silent_for = silent
+        self.ended_early = time.time()
+        return True
+
     def stop(self) -> None:
         """Ask the agent to stop its ranks: EOF on its stdin (also over ssh), SIGTERM when local."""
+        self._stopping = True
         with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()  # type: ignore[union-attr]
         if not self.remote and self.proc.poll() is None:
@@ -303,6 +429,8 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
         port = free_port() if local[0] else 29400 + os.getpid() % 1000
     endpoint = f"{addr}:{port}"
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+    peer_timeout = float(read_knob("peer_timeout_s", environ))
+    secret = store_host.node_secret(environ, whole_job_here=True)
     slots = [n.slots for n in nodes]
     hosts = [n.host for n in nodes]
     failures: list[RankFailure] = []
@@ -327,13 +455,30 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 # -x NAME values travel in the ssh session's environment, not in the config (see LaunchConfig)
                 forwarded = forwarded_environment(environ, exported_values(config, environ))
                 cmd = remote_command(node.host, argv, forwarded, cwd_for_remote(),
-                                     config.ssh_port, config.ssh_identity_file, config.start_timeout)
+                                     config.ssh_port, config.ssh_identity_file, config.start_timeout,
+                                     alive_timeout=peer_timeout)
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
+            store_host.send_secret(procs[-1].proc.stdin, secret)
         stopping_since: float | None = None
+        beat_interval = min(BEAT_INTERVAL, peer_timeout / 4)
+        next_beat = 0.0
         while any(p.proc.poll() is None for p in procs):
-            bad = stop_signal or failures or any(p.proc.poll() not in (None, 0) for p in procs)
+            now = time.monotonic()
+            if now >= next_beat:
+                for p in procs:
+                    p.beat()
+                next_beat = now + beat_interval
+            lost_contact = False
+            for p in procs:
+                if stopping_since is None and p.ended_early is None and p.proc.poll() not in (None, 0):
+                    p.ended_early = time.time()
+                if stopping_since is None and p.check_silence(peer_timeout):
+                    lost_contact = True
+                    p.kill()  # its ssh waits on a dead connection: nothing more will come through it
+            bad = (stop_signal or failures or lost_contact
+                   or any(p.proc.poll() not in (None, 0) for p in procs))
             if bad and stopping_since is None:
                 stopping_since = time.monotonic()
                 for p in procs:
@@ -354,15 +499,19 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
         print(f"ringtrain run: stopped by {signal.Signals(stop_signal[0]).name}; every rank on every host "
               "was stopped.", file=sys.stderr)
         return 128 + stop_signal[0]
-    root = earliest(failures)
+    reported = {f.host for f in failures}
+    # Agents that ended with an error on their own (not stopped by us) and said nothing about their
+    # ranks: killed, or their host became unreachable. Such an event can be the root cause too.
+    lost = [p.lost() for p in procs if p.ended_early is not None and p.host not in reported]
+    root = earliest([*failures, *lost])
     if root is None:
         broken = [p for p in procs if p.proc.returncode not in (0, None)]
         if not broken:
             return 0
-        p = broken[0]
-        root = RankFailure(host=p.host, rank=-1, local_rank=-1, exitcode=p.proc.returncode, pid=p.proc.pid,
-                           time=time.time(), output_tail="".join(p.errors),
-                           message=f"the agent of node {p.index} ({'ssh' if p.remote else 'local'}) "
-                           "ended without a report")
-    print(format_report(root, len(failures) or 1, world_size=plan.num_proc), file=sys.stderr, flush=True)
+        root = broken[0].lost()
+    print(format_report(root, len(failures) + len(lost) or 1, world_size=plan.num_proc), file=sys.stderr,
+          flush=True)
+    for other in lost:
+        if other is not root:
+            print(f"ringtrain run: also: {other.message}", file=sys.stderr, flush=True)
     return 1

@@ -26,14 +26,26 @@ def forwarded_environment(environ: Mapping[str, str],
            if _SAFE_NAME.match(k) and (k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))}
     # CUDA_VISIBLE_DEVICES names this machine's GPUs, not the remote one's.
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The job's secret never goes on a command line (ps shows it on both hosts): the driver sends it
+    # to each agent on its stdin.
+    env.pop("RINGTRAIN_JOB_SECRET", None)
     env.update(extra or {})
     return env
 
 
-def ssh_base(host: str, port: int | None, identity_file: str | None, connect_timeout: float) -> list[str]:
-    """``ssh`` with batch mode (never prompt), no host-key question, and a connect timeout."""
+def ssh_base(host: str, port: int | None, identity_file: str | None, connect_timeout: float,
+             alive_timeout: float | None = None) -> list[str]:
+    """``ssh`` with batch mode (never prompt), no host-key question, and a connect timeout.
+
+    ``alive_timeout``: give up on a session whose host has not answered for about that long (ssh's
+    ServerAlive probes), instead of at the kernel's TCP timeout, minutes later: a job spanning a host
+    that went away ends within ``RINGTRAIN_PEER_TIMEOUT_SECONDS``.
+    """
     cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
            "-o", f"ConnectTimeout={max(int(connect_timeout), 1)}"]
+    if alive_timeout:
+        interval = max(1, round(alive_timeout / 4))
+        cmd += ["-o", f"ServerAliveInterval={interval}", "-o", "ServerAliveCountMax=4"]
     if port:
         cmd += ["-p", str(port)]
     if identity_file:
@@ -42,11 +54,12 @@ def ssh_base(host: str, port: int | None, identity_file: str | None, connect_tim
 
 
 def remote_command(host: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, port: int | None,
-                   identity_file: str | None, connect_timeout: float) -> list[str]:
+                   identity_file: str | None, connect_timeout: float,
+                   alive_timeout: float | None = None) -> list[str]:
     """``ssh host 'cd <cwd> && env K=V ... argv'``: the remote shell sees one quoted command."""
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     script = f"cd {shlex.quote(cwd)} && exec env {assignments} {shlex.join(argv)}"
-    return [*ssh_base(host, port, identity_file, connect_timeout), script]
+    return [*ssh_base(host, port, identity_file, connect_timeout, alive_timeout), script]
 
 
 def probe_hosts(hosts: Sequence[str], port: int | None, identity_file: str | None, timeout: float) -> None:

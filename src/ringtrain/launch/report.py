@@ -8,12 +8,16 @@ all hosts and prints that one.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 MARKER = "@@RINGTRAIN_FAILURE@@ "
+
+#: Words in an error that mean the rank asked for a GPU (CUDA tensors, NCCL, the NVIDIA driver).
+_GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,17 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     output_tail: str = ""
+    hint: str = ""
+    """What to do about it, when the cause is known (``HINT: ...``)."""
+    #: How it ended when the exit code does not say it (a host the launcher lost contact with).
+    state: str = ""
+    history: tuple[str, ...] = ()
+    """One line per restart of the job before it gave up (``--max-restarts``), oldest first."""
 
     def status(self) -> str:
         """``exit code 3`` or ``signal SIGKILL`` (negative exit codes are signals)."""
+        if self.state:
+            return self.state
         if self.exitcode < 0:
             try:
                 name = signal.Signals(-self.exitcode).name
@@ -50,9 +62,25 @@ class RankFailure:
         if not line.startswith(MARKER):
             return None
         try:
-            return cls(**json.loads(line[len(MARKER):]))
-        except (ValueError, TypeError):
+            body = json.loads(line[len(MARKER):])
+            body["history"] = tuple(body.get("history", ()))
+            return cls(**body)
+        except (ValueError, TypeError, AttributeError):
             return None
+
+
+def asks_for_gpu(failure: RankFailure) -> bool:
+    """Whether the rank's error (or, without one, its last line of output) is about CUDA, NCCL or a GPU."""
+    last_line = (failure.output_tail.strip().splitlines() or [""])[-1]
+    return bool(_GPU_WORDS.search(failure.message or last_line))
+
+
+def no_gpu_hint(host: str) -> str:
+    """The hint for a rank that asked for CUDA or NCCL on a host where torch sees no CUDA device."""
+    return (f"no CUDA device is visible here (host {host}: torch.cuda.is_available() is False), but the "
+            "rank asked for CUDA or NCCL. HINT: on CPU use the gloo backend and CPU tensors (ringtrain train "
+            "--device cpu; drop .cuda() and torch.cuda.set_device; init_process_group('gloo')), or run on a "
+            "host with a GPU and a CUDA build of torch.")
 
 
 def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
@@ -68,8 +96,9 @@ def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
 def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None) -> str:
     """The text printed once when a job fails."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))
+    after = f" after {len(root.history) - 1} restart(s)" if len(root.history) > 1 else ""
     lines = [
-        "ringtrain run: job failed. Root cause (first rank to fail):",
+        f"ringtrain run: job failed{after}. Root cause (first rank to fail):",
         f"  host       : {root.host}",
         f"  rank       : {root.rank}" + (f" of {world_size}" if world_size else "")
         if root.rank >= 0 else "  rank       : none (the node's agent failed before or outside its ranks)",
@@ -84,6 +113,11 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
     if detail:
         lines.append("  traceback  :" if root.traceback else "  last output:")
         lines.extend("    " + line for line in detail.rstrip().splitlines())
+    if root.hint:
+        lines.append(f"  hint       : {root.hint}")
+    if root.history:
+        lines.append("  attempts   :")
+        lines.extend("    " + line for line in root.history)
     if total_failed > 1:
         lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
     else:

@@ -12,6 +12,7 @@ keeps the pid: signals from the agent and exit codes reach the real program unch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -76,20 +77,30 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def write_error_file(exc: BaseException, environ: MutableMapping[str, str]) -> None:
-    """Record ``exc`` where the elastic agent looks for it (its JSON layout), for the root-cause report."""
+def write_error_file(exc: BaseException, environ: MutableMapping[str, str]) -> bool:
+    """Record ``exc`` where the elastic agent looks for it (its JSON layout), for the root-cause report.
+
+    Returns whether it was recorded (False outside an agent, or when the file cannot be written).
+    """
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
-        return
+        return False
     data = {"message": {"message": f"{type(exc).__name__}: {exc}",
                         "extraInfo": {"py_callstack": user_traceback(exc),
                                       "timestamp": str(int(time.time())),
                                       "time": repr(time.time())}}}
+    # Through a temporary file: a rank killed mid-write (its agent stops it once another rank failed)
+    # must not leave half a JSON file, which the agent could not read.
+    temp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(path, "w") as fp:
+        with open(temp, "w") as fp:
             json.dump(data, fp)
+        os.replace(temp, path)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        return False
+    return True
 
 
 def run_python(argv: Sequence[str]) -> int:
@@ -111,8 +122,14 @@ def run_python(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:
-        write_error_file(exc, os.environ)
-        sys.stderr.write(user_traceback(exc))
+        if write_error_file(exc, os.environ):
+            # The launcher's failure report shows the traceback; printing it here as well showed it twice.
+            # One line still marks, among this rank's own output, where it failed.
+            first_line = (str(exc).splitlines() or [""])[0]
+            sys.stderr.write(f"{type(exc).__name__}: {first_line} "
+                             "(traceback in the launcher's failure report)\n")
+        else:
+            sys.stderr.write(user_traceback(exc))
         sys.stderr.flush()
         return 1
     return 0

@@ -14,8 +14,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ class TrainJob:
     cache_dir: str | None = None
     subset: int | None = None
     """Keep at most this many items of each split (seeded choice)."""
+    like: str | None = None
+    """Synthetic images with the sizes of this data set (``mnist``, ``cifar10``, ``imagenet``)."""
     arch: str | None = None
     """Model architecture of the workload (None: its default)."""
     optimizer: str | None = None
@@ -52,11 +56,16 @@ class TrainJob:
     momentum: float | None = None
     weight_decay: float | None = None
     results_json: str | None = None
-    """Rank 0 writes the per-epoch results here as JSON."""
+    """Rank 0 writes the per-epoch results here as JSON (a metric that was not measured is ``null``)."""
+    max_restarts: int = 0
+    """Restart every rank up to this many times when one fails (``ringtrain run --max-restarts``)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise JobError(f"-np {self.nproc} must be at least 1. HINT: use -np 1, or -np 2 for two ranks.")
+        if self.max_restarts < 0:
+            raise JobError(f"--max-restarts {self.max_restarts} must be at least 0. HINT: use e.g. "
+                           "--max-restarts 3, or 0 for no restart.")
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
@@ -69,6 +78,10 @@ class TrainJob:
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise JobError(f"--{name.replace('_', '-')} {value} must be >= 0. HINT: use e.g. 0.9 or 0.")
+        if self.like is not None and self.workload != "synthetic":
+            raise JobError(f"--like {self.like} shapes synthetic images; workload {self.workload!r} has data "
+                           f"of its own. HINT: use ringtrain train synthetic --like {self.like}, "
+                           "or drop --like.")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
                            f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
@@ -110,7 +123,7 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     from ringtrain.train.trainer import Trainer
     from ringtrain.workloads import get_workload
 
-    workload = get_workload(job.workload)
+    workload = get_workload(job.workload, **({"like": job.like} if job.like else {}))
     train_ds, test_ds = workload.datasets(data_dir=job.data_dir, download=job.download,
                                           cache_dir=job.cache_dir, subset=job.subset, seed=job.trainer.seed)
     # the same initial weights on every rank, whatever the strategy broadcasts
@@ -124,12 +137,20 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     if config.task != workload.task:
         config = config.replace(task=workload.task)
     trainer = Trainer(model, optimizer, workload.loss(), train_ds, test_ds, config)
+    leave_group = True
     try:
         history = trainer.train()
         if trainer.strategy.rank == 0:
             _report(trainer, history, job)
+    except KeyboardInterrupt:
+        # Ctrl-C stops every rank, maybe in the middle of a collective: leaving the process group would
+        # wait for peers that are gone (for ever, in gloo's destructors). What matters is on disk already:
+        # snapshots are written whole or not at all.
+        leave_group = trainer.strategy.world_size == 1
+        raise
     finally:
-        trainer.close()
+        if leave_group:
+            trainer.close()
     return history
 
 
@@ -150,24 +171,110 @@ def _report(trainer: Any, history: list[EpochResult], job: TrainJob) -> None:
         body = {"workload": job.workload, "world_size": trainer.strategy.world_size,
                 "strategy": config.strategy, "epochs": rows,
                 "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None}
-        Path(job.results_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(job.results_json).write_text(json.dumps(body, indent=1, default=float))
+        write_json_atomically(Path(job.results_json), without_nan(body))
+
+
+def without_nan(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so that it is standard JSON.
+
+    An epoch's metrics hold NaN where nothing was measured (no evaluation that epoch, accuracy of a
+    regression); ``json.dumps`` would write a bare ``NaN``, which strict JSON readers refuse.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nan(item) for item in value]
+    return value
+
+
+def write_json_atomically(path: Path, body: Any) -> None:
+    """Write ``body`` as JSON to ``path`` through a temporary file, so no reader sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(body, indent=1, allow_nan=False))
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def check_snapshot_dir(job: TrainJob) -> None:
-    """Fail early, before starting ranks, when the snapshot to resume cannot be read."""
+    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder or
+    none of those there can be resumed (damaged ones are skipped for older good ones)."""
     config = job.trainer
-    if not config.snapshot_dir or not config.resume:
+    if not config.snapshot_dir:
         return
     manager = SnapshotManager(config.snapshot_dir, config.keep_last)
-    latest = manager.latest()
-    if latest is not None:
-        manager.load(latest)
+    if config.save_every or config.save_every_steps:
+        manager.check_writable()
+    if config.resume:
+        manager.load_newest()
+
+
+#: Exit codes of a launcher stopped by a signal (128 + its number), and the signal's name.
+_STOPPED_BY = {128 + s: s.name for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def stopped_message(job: TrainJob, cause: str = "SIGINT") -> str:
+    """What a person needs after stopping a run: the last snapshot written, and how to go on from it."""
+    config = job.trainer
+    head = f"ringtrain train: stopped ({cause})."
+    if not config.snapshot_dir:
+        return (f"{head} No snapshots were written, so running the same command starts afresh. HINT: add "
+                "--save-every 1 (or --save-every-steps N) to be able to resume a stopped run.")
+    latest = SnapshotManager(config.snapshot_dir, config.keep_last).latest()
+    if latest is None:
+        return (f"{head} No snapshot was written yet in {config.snapshot_dir} (the first comes at the end of "
+                f"{_first_snapshot(config)}), so running the same command starts afresh.")
+    age = max(time.time() - latest.stat().st_mtime, 0.0)
+    where = (f"{head} Last snapshot: {latest} (after optimizer step {_step_of(latest)}, written "
+             f"{_duration(age)} ago).")
+    if not config.resume:
+        return f"{where} Run the same command without --no-resume to resume from it."
+    return f"{where} Run the same command again to resume from it."
+
+
+def _first_snapshot(config: TrainerConfig) -> str:
+    parts = []
+    if config.save_every_steps:
+        parts.append(f"optimizer step {config.save_every_steps}")
+    if config.save_every:
+        parts.append(f"epoch {config.save_every}")
+    return " or ".join(parts) or "the run"
+
+
+def _step_of(path: Path) -> int:
+    digits = "".join(ch for ch in path.stem if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def launch_job(job: TrainJob) -> int:
-    """Run ``job`` on ``job.nproc`` ranks; returns 0, or raises an ``input_errors()`` type for bad input."""
+    """Run ``job`` on ``job.nproc`` ranks; returns the exit code, or raises an ``input_errors()`` type.
+
+    A run stopped by Ctrl-C (or SIGTERM, SIGHUP) says which snapshot was written last and that the
+    same command resumes from it, and returns 128 + the signal's number.
+    """
     check_snapshot_dir(job)
+    try:
+        code = _launch(job)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    if code in _STOPPED_BY:
+        print(stopped_message(job, _STOPPED_BY[code]), file=sys.stderr, flush=True)
+    return code
+
+
+def _launch(job: TrainJob) -> int:
     if job.nproc == 1:
         run_job(job)
         return 0
@@ -176,13 +283,15 @@ def launch_job(job: TrainJob) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="ringtrain-train-"))
     try:
+        if job.max_restarts and not job.trainer.snapshot_dir:
+            job = _with_restart_snapshots(job, folder / "snapshots")
         spec = folder / "job.json"
         spec.write_text(job.to_json())
         errors = folder / "errors"
         errors.mkdir()
         command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
                    "--error-dir", str(errors))
-        code = launch(LaunchConfig(command=command, num_proc=job.nproc))
+        code = launch(LaunchConfig(command=command, num_proc=job.nproc, max_restarts=job.max_restarts))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
             raise JobError(messages[0].read_text().strip())
@@ -191,7 +300,20 @@ def launch_job(job: TrainJob) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _with_restart_snapshots(job: TrainJob, folder: Path) -> TrainJob:
+    """A restart must not lose every epoch: without a snapshot folder, one lives as long as the job."""
+    print(f"ringtrain train: --max-restarts {job.max_restarts} without --snapshot-dir: a restart resumes "
+          "from the last epoch's snapshot, kept in a temporary folder until the job ends (give "
+          "--snapshot-dir to keep them).", file=sys.stderr, flush=True)
+    return dataclasses.replace(job, trainer=job.trainer.replace(snapshot_dir=str(folder), save_every=1))
+
+
 def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:
-    """Leave a rank's input error where ``launch_job`` looks for it."""
+    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message)."""
     path = Path(folder) / f"rank-{rank}.txt"
-    path.write_text(message + "\n")
+    temp = path.with_name(f".{path.name}.tmp")
+    try:
+        temp.write_text(message + "\n")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)

@@ -2,10 +2,13 @@
 
 Under ``ringtrain run``, torchrun, Slurm or PBS the ranks' output goes through pipes or files, where a
 bar cannot redraw; a plain line now and then still tells the person reading the log that the job moves.
+A rank's output is a file under ``ringtrain run`` too, but when the launcher's console is a terminal it
+says so (``RINGTRAIN_LIVE_CONSOLE=1``) and draws rank 0's bar there as one live line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +18,14 @@ from typing import Any
 LINE_INTERVAL_S = 10.0
 #: Seconds between two updates of the numbers shown beside a bar (tqdm redraws at most this often too).
 POSTFIX_INTERVAL_S = 0.5
+
+#: Set by ``ringtrain run`` when its console is a terminal that draws rank 0's bar live (launch.logs).
+LIVE_CONSOLE_VARIABLE = "RINGTRAIN_LIVE_CONSOLE"
+
+
+def bar_is_drawn() -> bool:
+    """Whether a redrawn bar reaches a terminal: stdout is one, or the launcher draws it on one."""
+    return sys.stdout.isatty() or os.environ.get(LIVE_CONSOLE_VARIABLE) == "1"
 
 
 class Progress:
@@ -26,11 +37,12 @@ class Progress:
         self._lines = False
         self._clock = clock
         self._postfix_at = float("-inf")
-        if enabled and sys.stdout.isatty():
+        if enabled and bar_is_drawn():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, desc=description, leave=False, dynamic_ncols=True,
-                             file=sys.stdout)
+            # a terminal of our own can tell its width as it changes; the launcher's sets TQDM_NCOLS
+            self._bar = tqdm(total=total, initial=initial, desc=description, leave=False,
+                             dynamic_ncols=sys.stdout.isatty(), file=sys.stdout)
         elif enabled:
             self._lines = True
             self._total, self._description = total, description

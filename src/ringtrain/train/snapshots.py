@@ -1,15 +1,26 @@
-"""Snapshots: everything needed to resume a run, written atomically, found again on start.
+"""Snapshots: everything needed to resume a run, written atomically, verified and found again on start.
 
-A snapshot is one file ``snapshot-<step>.pt`` in the snapshot folder. It is written to a hidden
-temporary file in the same folder, flushed and fsynced, then renamed over its final name and the
-folder fsynced: a reader sees either the previous complete set of files or the new one, never a
-half-written snapshot, even if the writer is killed. Loading uses ``torch.load(weights_only=True)``
-(no arbitrary unpickling), so every value inside is a tensor or a plain type.
+A snapshot is one file ``snapshot-<step>.pt`` in the snapshot folder, with its checksum beside it in
+``snapshot-<step>.json`` (the SHA-256 and the size of the ``.pt`` file). The ``.pt`` file is written to
+a hidden temporary file in the same folder, flushed and fsynced, and hashed; then the checksum file is
+put in place (also atomically) and only then the ``.pt`` file is renamed to its final name, and the
+folder fsynced. The rename is the commit: a reader sees either the previous complete set of
+snapshots or the new one, never a half-written snapshot, and every committed snapshot has its
+checksum, even if the writer is killed at any point.
+
+Loading checks the size and the SHA-256 before anything is unpickled, so a snapshot damaged on disk
+(a flipped block, a truncated copy) is reported as :class:`DamagedSnapshotError` instead of resuming
+silently with corrupted weights or optimizer state; :meth:`SnapshotManager.load_newest` then takes the
+newest good snapshot. Snapshots of the earlier format (no checksum file) still load, unverified, with a
+warning: refusing them would strand every run started before checksums existed, and ``torch.load``
+still catches most damage to them. Loading uses ``torch.load(weights_only=True)`` (no arbitrary
+unpickling), so every value inside is a tensor or a plain type.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -21,13 +32,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ringtrain.exceptions import SnapshotError
+from ringtrain.exceptions import DamagedSnapshotError, SnapshotError
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ringtrain-snapshot-1"
+#: What a checksum file holds (``snapshot-<step>.json`` beside ``snapshot-<step>.pt``).
+CHECKSUM_FORMAT = "ringtrain-snapshot-checksum-1"
 _NAME = re.compile(r"^snapshot-(\d{9,})\.pt$")
+_CHECKSUM_NAME = re.compile(r"^snapshot-(\d{9,})\.json$")
 _TEMP_PREFIX = ".snapshot-"
+_HASH_CHUNK = 4 * 1024 * 1024
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -41,6 +56,20 @@ def model_fingerprint(model: nn.Module) -> str:
 def snapshot_name(step: int) -> str:
     """The file name of the snapshot taken after optimizer step ``step``."""
     return f"snapshot-{step:09d}.pt"
+
+
+def checksum_path(path: Path) -> Path:
+    """The checksum file of the snapshot ``path``."""
+    return path.with_suffix(".json")
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fp:
+        while chunk := fp.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -72,18 +101,50 @@ class SnapshotManager:
     # --- writing ----------------------------------------------------------------------------
 
     def save(self, payload: Mapping[str, Any], step: int) -> Path:
-        """Write ``payload`` as the snapshot of ``step`` atomically, prune old ones; returns its path."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """Write ``payload`` as the snapshot of ``step`` atomically, prune old ones; returns its path.
+
+        A folder that cannot take it (full, read-only, gone) raises :class:`SnapshotError` naming it;
+        the snapshots already there are left as they were.
+        """
         final = self.folder / snapshot_name(step)
         body = {"format": FORMAT, **payload}
-        temp = self._write_temp(body, final)
         try:
-            self._commit(temp, final)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temp = self._write_temp(body, final)
+            try:
+                self._write_checksum(temp, final)
+                self._commit(temp, final)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise SnapshotError(
+                f"cannot write snapshot {final}: {exc.strerror or exc}. The snapshots already there are "
+                f"intact. HINT: free space in {self.folder} or point --snapshot-dir (TrainerConfig."
+                "snapshot_dir) at a writable folder, then run again to resume.") from exc
         self.prune()
         return final
+
+    def check_writable(self) -> None:
+        """Raise :class:`SnapshotError` naming the folder and the fix when snapshots cannot be written
+        there (a file, a read-only or forbidden path): called before the first step, not at the first
+        save after a whole interval of training."""
+        folder = self.folder
+        hint = ("HINT: point --snapshot-dir (TrainerConfig.snapshot_dir) at a folder you can write, "
+                "or leave it out for no snapshots.")
+        if folder.exists() and not folder.is_dir():
+            raise SnapshotError(f"the snapshot folder {folder} is a file, not a folder. {hint}")
+        probe = folder / f"{_TEMP_PREFIX}write-test.{os.getpid()}.tmp"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as fp:
+                fp.write(b"ringtrain")
+                fp.flush()
+                os.fsync(fp.fileno())
+            probe.unlink()
+        except OSError as exc:
+            raise SnapshotError(f"cannot write snapshots to {folder}: {exc.strerror or exc} "
+                                f"({exc.filename or folder}). {hint}") from None
 
     def _write_temp(self, body: Mapping[str, Any], final: Path) -> Path:
         temp = final.with_name(f"{_TEMP_PREFIX}{final.stem}.{os.getpid()}.tmp")
@@ -97,6 +158,22 @@ class SnapshotManager:
             raise
         return temp
 
+    def _write_checksum(self, temp: Path, final: Path) -> None:
+        """Put the checksum of the written ``temp`` in place for ``final`` (before ``final`` exists)."""
+        record = {"format": CHECKSUM_FORMAT, "file": final.name, "bytes": temp.stat().st_size,
+                  "sha256": file_sha256(temp)}
+        target = checksum_path(final)
+        staging = target.with_name(f"{_TEMP_PREFIX}{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(staging, "w") as fp:
+                json.dump(record, fp)
+                fp.flush()
+                os.fsync(fp.fileno())
+            os.replace(staging, target)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+
     def _commit(self, temp: Path, final: Path) -> None:
         os.replace(temp, final)
         _fsync_dir(final.parent)
@@ -106,17 +183,22 @@ class SnapshotManager:
         removed = []
         for path in self.list()[:-self.keep_last]:
             try:
-                path.unlink()
+                path.unlink()  # the snapshot first: a checksum file alone is never listed
+                checksum_path(path).unlink(missing_ok=True)
                 removed.append(path)
             except OSError as exc:
                 log.warning("could not delete old snapshot %s: %s", path, exc)
         return removed
 
     def remove_stale_temporaries(self) -> None:
-        """Delete temporary files left by writers that died mid-write (call once, on rank 0)."""
+        """Delete what writers that died mid-write left (call once, on rank 0): temporary files, and
+        checksum files whose snapshot was never committed."""
         if not self.folder.is_dir():
             return
-        for path in self.folder.glob(f"{_TEMP_PREFIX}*.tmp"):
+        stale = list(self.folder.glob(f"{_TEMP_PREFIX}*.tmp"))
+        stale += [p for p in self.folder.iterdir()
+                  if _CHECKSUM_NAME.match(p.name) and not p.with_suffix(".pt").exists()]
+        for path in stale:
             try:
                 path.unlink()
             except OSError:
@@ -136,9 +218,43 @@ class SnapshotManager:
         found = self.list()
         return found[-1] if found else None
 
-    def load(self, path: str | os.PathLike[str], fingerprint: str | None = None) -> dict[str, Any]:
-        """Read a snapshot; raises SnapshotError (naming the file and the fix) when it cannot be resumed."""
+    def verify(self, path: str | os.PathLike[str]) -> bool:
+        """Check ``path`` against its checksum file: True when it matches, False when it has none (the
+        earlier format); :class:`DamagedSnapshotError` when it does not match."""
         path = Path(path)
+        hint = (f"HINT: delete {path} and {checksum_path(path).name} (an older snapshot is resumed instead "
+                "when there is one; ringtrain skips a damaged one by itself).")
+        try:
+            record = json.loads(checksum_path(path).read_text())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as exc:
+            raise DamagedSnapshotError(f"{path} cannot be verified: its checksum file "
+                                       f"{checksum_path(path).name} is unreadable ({exc}). {hint}") from None
+        if not isinstance(record, dict) or record.get("format") != CHECKSUM_FORMAT:
+            raise DamagedSnapshotError(f"{path} cannot be verified: {checksum_path(path).name} is not a "
+                                       f"ringtrain checksum file. {hint}")
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise SnapshotError(f"{path} does not exist. HINT: check --snapshot-dir.") from None
+        if size != record.get("bytes"):
+            raise DamagedSnapshotError(f"{path} is damaged: it has {size} bytes, {record.get('bytes')} were "
+                                       f"written (truncated or overwritten). {hint}")
+        digest = file_sha256(path)
+        if digest != record.get("sha256"):
+            raise DamagedSnapshotError(f"{path} is damaged: its SHA-256 is {digest[:16]}..., "
+                                       f"{str(record.get('sha256'))[:16]}... was written (the file changed "
+                                       f"on disk). {hint}")
+        return True
+
+    def load(self, path: str | os.PathLike[str], fingerprint: str | None = None) -> dict[str, Any]:
+        """Read a snapshot after verifying its checksum; raises SnapshotError (naming the file and the
+        fix) when it cannot be resumed, :class:`DamagedSnapshotError` when its bytes are damaged."""
+        path = Path(path)
+        if not self.verify(path):
+            log.warning("%s has no checksum file (written before ringtrain checked snapshots, or the file "
+                        "was removed): loading it unverified", path)
         body = self._read(path)
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise SnapshotError(f"{path} is not a ringtrain snapshot (no '{FORMAT}' marker). HINT: point "
@@ -159,8 +275,29 @@ class SnapshotManager:
             raise SnapshotError(f"{path} does not exist. HINT: check --snapshot-dir.") from None
         except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise SnapshotError(f"{path} is damaged or truncated and cannot be read ({reason}). "
-                                f"{hint}") from None
+            raise DamagedSnapshotError(f"{path} is damaged or truncated and cannot be read ({reason}). "
+                                       f"{hint}") from None
         except Exception as exc:  # weights_only refuses foreign pickles with UnpicklingError
-            raise SnapshotError(f"{path} is damaged, truncated or not a snapshot that loads safely with "
-                                f"weights_only=True ({type(exc).__name__}). {hint}") from None
+            raise DamagedSnapshotError(f"{path} is damaged, truncated or not a snapshot that loads safely "
+                                       f"with weights_only=True ({type(exc).__name__}). {hint}") from None
+
+    def load_newest(self, fingerprint: str | None = None) -> tuple[Path | None, dict[str, Any] | None,
+                                                                   list[str]]:
+        """The newest snapshot that verifies and loads: (path, body, why each newer one was skipped).
+
+        (None, None, []) when the folder holds none. Damaged snapshots are skipped for older ones;
+        when every snapshot is damaged, :class:`DamagedSnapshotError` names them all. A snapshot of
+        another model (``fingerprint``) is not damage and stops the search with its error.
+        """
+        skipped: list[str] = []
+        for path in reversed(self.list()):
+            try:
+                return path, self.load(path, fingerprint), skipped
+            except DamagedSnapshotError as exc:
+                skipped.append(str(exc).split(" HINT:", 1)[0])
+        if skipped:
+            raise DamagedSnapshotError(
+                f"every snapshot in {self.folder} is damaged, none can be resumed: " + "; ".join(skipped)
+                + " HINT: delete them (or move them away) to start afresh, or run with --no-resume "
+                "(TrainerConfig.resume=False).")
+        return None, None, []

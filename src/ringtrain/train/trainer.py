@@ -8,6 +8,7 @@ and returns one ``EpochResult`` per epoch, identical on every rank.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -86,6 +87,8 @@ class Trainer:
 
         self.snapshots = (SnapshotManager(config.snapshot_dir, config.keep_last) if config.snapshot_dir
                           else None)
+        if self.snapshots is not None and (config.save_every or config.save_every_steps):
+            self._check_snapshot_folder()
         self.metrics_log = MetricsLog(config.log_dir) if config.log_dir and s.rank == 0 else None
         self.epoch = 0
         """Epochs completed."""
@@ -302,17 +305,48 @@ class Trainer:
         self.strategy.sum(torch.zeros(1))
         return path
 
+    def _check_snapshot_folder(self) -> None:
+        """Rank 0 checks that the snapshot folder takes files, before the first step; every rank raises
+        the same :class:`SnapshotError` if it does not (collective)."""
+        assert self.snapshots is not None
+        problem = None
+        if self.strategy.rank == 0:
+            try:
+                self.snapshots.check_writable()
+            except SnapshotError as exc:
+                problem = str(exc)
+        if self.strategy.sum(torch.tensor([1.0 if problem else 0.0])).item():
+            raise SnapshotError(problem or f"rank 0 cannot write snapshots to {self.snapshots.folder} (see "
+                                           "its error). HINT: point --snapshot-dir at a folder rank 0 can "
+                                           "write.")
+
     def resume(self) -> Path | None:
-        """Load the newest complete snapshot, if resuming is on and there is one; returns its path."""
+        """Load the newest good snapshot, if resuming is on and there is one; returns its path.
+
+        A damaged snapshot (checksum mismatch, truncated) is reported and skipped for the next older
+        one; the ranks check that they all resume the same one.
+        """
         if self.snapshots is None or not self.config.resume:
+            attempt = os.environ.get("RINGTRAIN_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            if attempt not in ("", "0"):
+                why = "resume=False" if self.snapshots else "no snapshot_dir"
+                self.out.warn(f"this is restart attempt {attempt} of the job, but it cannot resume ({why}): "
+                              "training starts afresh.")
             return None
         if self.strategy.rank == 0:
             self.snapshots.remove_stale_temporaries()
         self.strategy.sum(torch.zeros(1))  # the listing happens after the clean-up, on every rank
-        path = self.snapshots.latest()
-        if path is None:
+        path, body, skipped = self.snapshots.load_newest(self.fingerprint)
+        for why in skipped:
+            self.out.warn(f"{why}: skipped, resuming from an older snapshot")
+        step = -1 if path is None else int(path.stem.split("-")[1])
+        agreed = self.strategy.sum(torch.tensor([float(step), 1.0], dtype=torch.float64))
+        if agreed[0].item() != step * agreed[1].item():
+            raise SnapshotError(f"the ranks found different snapshots to resume in {self.snapshots.folder} "
+                                f"(this rank: {path}). HINT: give every rank the same --snapshot-dir on a "
+                                "shared file system.")
+        if path is None or body is None:
             return None
-        body = self.snapshots.load(path, self.fingerprint)
         self.load_state(body, path)
         self.resumed_from = path
         return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -35,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_error(args.error_dir, rank, message)
         print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:
+        # Stopped (Ctrl-C reaches every rank): end now. A normal exit would run the destructors of the
+        # process group and the DDP wrapper, which wait for peers that have stopped too.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGINT)
     return 0
 
 

@@ -1,22 +1,44 @@
 """Synthetic data, generated in memory from a seed: images of any shape, and ratings.
 
-Both are learnable (not pure noise), so a short run shows the loss falling: an image is its class's
-fixed random pattern plus noise; a rating comes from hidden user and item factors plus noise.
+Both are learnable but not trivial, so a run shows accuracy rising over epochs (or RMSE falling)
+without reaching perfection at once. An image is a coarse random pattern (4x4 cells per channel,
+scaled up) plus pixel noise; its label comes from a fixed random teacher network that looks at the
+pattern, sampled with some randomness (a softmax at ``label_temperature``), so even a perfect model
+scores below 100%. A rating comes from hidden user and item factors plus noise.
+
+Every image is drawn from a seed of its own (the run's seed, its split, its index), so any item can
+be made on demand: small sets are made whole in memory, large ones (ImageNet-shaped) item by item
+as the data loader asks, and both give the same items.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
 
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.models.conv import SmallConvNet
 from ringtrain.workloads.models.recommender import BiasedMF, NeuralCF
 from ringtrain.workloads.models.resnet import resnet18_cifar
+
+#: ``like=`` names: the image shape, number of classes and train/test item counts of a real data set.
+LIKE: dict[str, tuple[tuple[int, int, int], int, int, int]] = {
+    "mnist": ((1, 28, 28), 10, 60_000, 10_000),
+    "cifar10": ((3, 32, 32), 10, 50_000, 10_000),
+    "imagenet": ((3, 224, 224), 1000, 1_281_167, 50_000),
+}
+
+#: A split larger than this many bytes of pixels is made item by item rather than held in memory.
+IN_MEMORY_BYTES = 256 * 1024 * 1024
+
+_MASK64 = (1 << 64) - 1
+_TRAIN, _TEST, _TEACHER = 0, 1, 2
 
 
 def _warn_unused(data_dir: DataPath, download: bool, cache_dir: DataPath) -> None:
@@ -31,42 +53,126 @@ def _positive(**values: int) -> None:
             raise ValueError(f"{key}={value!r} must be a positive int. HINT: pass e.g. {key}=10.")
 
 
-def synthetic_images(size: int, shape: tuple[int, int, int], num_classes: int, noise: float,
-                     seed: int) -> TensorPairDataset:
-    """``size`` images: class pattern (fixed by ``seed``) plus Gaussian noise of std ``noise``."""
-    generator = torch.Generator().manual_seed(seed)
-    channels, height, width = shape
-    # smooth patterns (a coarse grid of at most 4x4 values, scaled up) that convolutions and
-    # pooling keep, where per-pixel patterns would be averaged away with the noise
-    coarse = torch.randn((num_classes, channels, min(height, 4), min(width, 4)), generator=generator)
-    patterns = F.interpolate(coarse, size=(height, width), mode="nearest")
-    labels = torch.randint(num_classes, (size,), generator=generator)
-    images = patterns[labels] + noise * torch.randn((size, *shape), generator=generator)
-    return TensorPairDataset(images, labels, tuple(f"class{i}" for i in range(num_classes)))
+def _seed_of(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integers (splitmix64 over the parts): no two items share one."""
+    state = 0
+    for part in parts:
+        state = (state ^ (part & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
+        z = (state ^ (state >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
+
+class Teacher:
+    """A fixed random two-layer network from an image's coarse pattern to class scores.
+
+    Its scores are standardised per class (over a reference sample), so every class is about as
+    frequent; ``width`` hidden units keep the rule smooth enough to learn from a few epochs.
+    """
+
+    def __init__(self, inputs: int, num_classes: int, seed: int, width: int | None = None) -> None:
+        width = width or max(16, 2 * math.ceil(math.sqrt(num_classes)))
+        g = torch.Generator().manual_seed(_seed_of(seed, _TEACHER))
+        self.w1 = torch.randn(inputs, width, generator=g) / math.sqrt(inputs)
+        self.b1 = 0.5 * torch.randn(width, generator=g)
+        self.w2 = torch.randn(width, num_classes, generator=g) / math.sqrt(width)
+        reference = self._raw(torch.randn(4096, inputs, generator=g))
+        self.mean, self.std = reference.mean(0), reference.std(0).clamp_min(1e-6)
+
+    def _raw(self, latent: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(latent @ self.w1 + self.b1) @ self.w2
+
+    def scores(self, latent: torch.Tensor) -> torch.Tensor:
+        """Standardised class scores of flattened patterns ``(n, inputs)``."""
+        return (self._raw(latent) - self.mean) / self.std
+
+
+class SyntheticImages(Dataset):
+    """The items of one split, made on demand from their own seeds (see the module's docstring)."""
+
+    def __init__(self, workload: SyntheticImagesWorkload, split: int, size: int, seed: int) -> None:
+        self.workload, self.split, self.size, self.seed = workload, split, size, seed
+        self.teacher = workload.teacher(seed)
+        self.classes = tuple(f"class{i}" for i in range(workload.num_classes))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.size:
+            raise IndexError(f"item {index} of {self.size}")
+        w = self.workload
+        g = torch.Generator().manual_seed(_seed_of(self.seed, self.split, index))
+        channels, height, width = w.shape
+        latent = torch.randn((1, channels, *w.grid), generator=g)
+        gumbel = -torch.log(-torch.log(torch.rand(w.num_classes, generator=g).clamp(1e-12, 1 - 1e-7)))
+        scores = self.teacher.scores(latent.flatten(1))[0]
+        label = torch.argmax(scores / w.label_temperature + gumbel)
+        image = F.interpolate(latent, size=(height, width), mode="nearest")[0]
+        image = image + w.noise * torch.randn(w.shape, generator=g)
+        return image, label
+
+    def in_memory(self) -> TensorPairDataset:
+        """All items as one in-memory dataset (the same items, indexed whole batches at a time)."""
+        items = [self[i] for i in range(self.size)]
+        images = torch.stack([image for image, _ in items])
+        labels = torch.stack([label for _, label in items])
+        return TensorPairDataset(images, labels, self.classes)
 
 
 class SyntheticImagesWorkload(Workload):
-    """Random images in ``num_classes`` classes, any ``shape`` (C, H, W); for benchmarks and smoke tests."""
+    """Images of any ``shape`` (C, H, W) in ``num_classes`` classes labelled by a random teacher network.
+
+    ``like="cifar10"`` (or ``"mnist"``, ``"imagenet"``) takes the shape, classes and item counts of
+    that data set; the default is CIFAR-shaped (3x32x32, 10 classes) with 10,000 training items, a run
+    of about a minute on two CPU cores. ``noise`` is the pixel noise's standard deviation and
+    ``label_temperature`` how far labels stray from the teacher's choice (0 would never stray).
+    """
 
     name = "synthetic"
-    description = "synthetic images (class pattern + noise), small CNN"
-    defaults = Defaults(epochs=2, batch_size=64, lr=0.01, optimizer="sgd", momentum=0.9)
+    description = "synthetic images labelled by a random teacher network, small CNN"
+    defaults = Defaults(epochs=5, batch_size=64, lr=0.01, optimizer="sgd", momentum=0.9)
 
-    def __init__(self, shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, size: int = 10_000,
-                 test_size: int | None = None, noise: float = 1.0) -> None:
+    def __init__(self, shape: tuple[int, int, int] | None = None, num_classes: int | None = None,
+                 size: int | None = None, test_size: int | None = None, noise: float = 0.5,
+                 label_temperature: float = 0.15, like: str | None = None) -> None:
+        if like is not None and like not in LIKE:
+            raise ValueError(f"like={like!r} is not a data set whose sizes are known. "
+                             f"HINT: use one of {sorted(LIKE)}, or give shape and num_classes.")
+        like_shape, like_classes, like_size, like_test = LIKE[like] if like else LIKE["cifar10"]
+        if like is None:  # CIFAR-shaped, but small enough for a run of about a minute
+            like_size, like_test = 10_000, 2_000
+        shape = tuple(shape) if shape is not None else like_shape
         if len(shape) != 3:
             raise ValueError(f"shape={shape} must be (channels, height, width). HINT: pass e.g. (3, 32, 32).")
-        _positive(channels=shape[0], height=shape[1], width=shape[2], num_classes=num_classes, size=size)
-        self.shape = tuple(shape)
-        self.num_classes = num_classes
-        self.size = size
-        self.test_size = max(1, size // 5) if test_size is None else test_size
+        self.num_classes = num_classes if num_classes is not None else like_classes
+        self.size = size if size is not None else like_size
+        _positive(channels=shape[0], height=shape[1], width=shape[2], num_classes=self.num_classes,
+                  size=self.size)
+        self.shape: tuple[int, int, int] = (int(shape[0]), int(shape[1]), int(shape[2]))
+        if test_size is None:
+            test_size = like_test if size is None else max(1, self.size // 5)
+        self.test_size = test_size
         _positive(test_size=self.test_size)
-        self.noise = noise
+        if not (noise >= 0 and math.isfinite(noise)):
+            raise ValueError(f"noise={noise!r} must be a finite number >= 0. HINT: pass e.g. noise=0.5.")
+        if not (label_temperature > 0 and math.isfinite(label_temperature)):
+            raise ValueError(f"label_temperature={label_temperature!r} must be positive. "
+                             "HINT: pass e.g. label_temperature=0.15 (smaller: cleaner labels).")
+        self.noise = float(noise)
+        self.label_temperature = float(label_temperature)
+        self.like = like
+        self.grid = (min(self.shape[1], 4), min(self.shape[2], 4))
+        """Cells of the coarse pattern per channel (rows, columns)."""
         self.architectures = {
             "cnn": lambda: SmallConvNet(self.shape[0], self.num_classes),
             "resnet18": lambda: resnet18_cifar(self.num_classes, self.shape[0]),
         }
+
+    def teacher(self, seed: int) -> Teacher:
+        """The labelling network of the run with ``seed``."""
+        return Teacher(self.shape[0] * self.grid[0] * self.grid[1], self.num_classes, seed)
 
     def datasets(
         self,
@@ -75,15 +181,20 @@ class SyntheticImagesWorkload(Workload):
         cache_dir: DataPath = None,
         subset: int | None = None,
         seed: int = 0,
-    ) -> tuple[TensorPairDataset, TensorPairDataset]:
+    ) -> tuple[Dataset, Dataset]:
         check_subset(subset)
         _warn_unused(data_dir, download, cache_dir)
         n_train = min(self.size, subset or self.size)
         n_test = min(self.test_size, subset or self.test_size)
-        # one generator for both splits, so test items share the train items' class patterns
-        everything = synthetic_images(n_train + n_test, self.shape, self.num_classes, self.noise, seed)
-        split = torch.arange(n_train + n_test)
-        return everything.select(split[:n_train]), everything.select(split[n_train:])
+        train = SyntheticImages(self, _TRAIN, n_train, seed)
+        test = SyntheticImages(self, _TEST, n_test, seed)
+        return self._held(train), self._held(test)
+
+    def _held(self, split: SyntheticImages) -> Dataset:
+        """In memory when it fits (whole-batch indexing is faster), else made item by item."""
+        if split.size * 4 * math.prod(self.shape) <= IN_MEMORY_BYTES:
+            return split.in_memory()
+        return split
 
 
 class SyntheticRatingsWorkload(Workload):

@@ -1,0 +1,254 @@
+"""Heartbeats and bounded waits: a silent peer is declared failed, a busy one is not, waits end."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ringtrain.engine import liveness
+from ringtrain.exceptions import ControlPlaneError
+from tests.ranks import free_port, rank_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Reports:
+    """What the heartbeats of each rank reported, with an event per rank."""
+
+    def __init__(self, size: int) -> None:
+        self.reasons: dict[int, str] = {}
+        self.events = {r: threading.Event() for r in range(size)}
+
+    def callback(self, rank: int):
+        def report(reason: str) -> None:
+            self.reasons[rank] = reason
+            self.events[rank].set()
+        return report
+
+
+def _start(size: int, timeout_s: float, reports: _Reports, address=lambda r: "127.0.0.1"):
+    store = dist.HashStore()
+    out: dict[int, object] = {}
+
+    def start(rank: int) -> None:
+        out[rank] = liveness.Heartbeats.start(
+            store, rank, size, f"host{rank}", "node", ["127.0.0.1"], address, timeout_s, 30.0,
+            reports.callback(rank))
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(out.get(r), liveness.Heartbeats) for r in range(size)), out
+    return [out[r] for r in range(size)]
+
+
+def _silence(beats: liveness.Heartbeats) -> None:
+    """Stop a rank's heartbeats without a goodbye: what a hung or vanished rank looks like."""
+    beats._stop.set()
+    beats._thread.join(10)
+
+
+def test_a_silent_peer_is_declared_failed_by_every_other_rank_naming_it():
+    reports = _Reports(3)
+    beats = _start(3, 1.0, reports)
+    try:
+        _silence(beats[2])
+        for rank in (0, 1):
+            assert reports.events[rank].wait(30), reports.reasons
+            assert "rank 2 on host host2" in reports.reasons[rank]
+            assert "RINGTRAIN_PEER_TIMEOUT_SECONDS" in reports.reasons[rank]
+        assert 2 not in reports.reasons
+    finally:
+        for b in beats:
+            b.stop()
+
+
+def test_a_goodbye_is_not_a_failure_and_busy_peers_keep_beating():
+    reports = _Reports(2)
+    beats = _start(2, 1.0, reports)
+    try:
+        # Rank 0 "computes": its heartbeats come from their own thread, so nothing is reported.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            sum(i * i for i in range(20000))
+        assert not reports.reasons
+        beats[1].stop()  # a normal shutdown says goodbye
+        time.sleep(2.5)  # well past the timeout: the goodbye must have been taken
+        assert not reports.reasons
+    finally:
+        for b in beats:
+            b.stop()
+
+
+def test_peers_never_heard_from_are_not_judged(caplog):
+    # Rank 1's heartbeats go to an address where nobody is (TEST-NET-1): as if UDP were filtered.
+    reports = _Reports(2)
+    with caplog.at_level("WARNING", logger="ringtrain.engine"):
+        beats = _start(2, 1.0, reports, address=lambda r: "192.0.2.1" if r == 0 else "127.0.0.1")
+        try:
+            deadline = time.monotonic() + 30
+            while "no heartbeat ever arrived" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "no heartbeat ever arrived from rank 1 on host host1" in caplog.text
+            assert not reports.reasons
+        finally:
+            for b in beats:
+                b.stop()
+
+
+def test_large_worlds_watch_ring_neighbours_only():
+    assert liveness.watched_peers(1, 4) == [0, 2, 3]
+    assert liveness.watched_peers(0, 200) == [1, 2, 198, 199]
+    assert liveness.watched_peers(100, 200) == [98, 99, 101, 102]
+
+
+class _StuckWork:
+    """Gloo work whose peer never answers: every wait slice expires."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self, timeout: datetime.timedelta) -> bool:
+        self.waits += 1
+        time.sleep(timeout.total_seconds() / 10)
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_a_wait_on_gloo_work_ends_once_the_job_is_aborted():
+    abort = liveness.Abort()
+    work = _StuckWork()
+    threading.Timer(0.3, abort.trigger, args=("rank 1 on host b has given no sign of life",)).start()
+    with pytest.raises(ControlPlaneError, match="abandoned: rank 1 on host b has given no sign of life"):
+        liveness.wait_work(work, abort)
+    assert work.waits >= 2  # expired slices were waited again, not taken for a failure
+
+
+def test_a_long_wait_on_live_peers_is_not_silent(monkeypatch, caplog):
+    monkeypatch.setattr(liveness, "LONG_WAIT_S", 0.0)
+    abort = liveness.Abort()
+    threading.Timer(0.3, abort.trigger, args=("stop",)).start()
+    with caplog.at_level("WARNING", logger="ringtrain.engine"), pytest.raises(ControlPlaneError):
+        liveness.wait_work(_StuckWork(), abort, what="an allgather")
+    assert caplog.text.count("an allgather has waited") == 1
+
+
+def test_a_failed_gloo_work_raises_its_own_error():
+    class Failed(_StuckWork):
+        def wait(self, timeout):
+            raise RuntimeError("Connection closed by peer")
+
+        def is_completed(self):
+            return True
+
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        liveness.wait_work(Failed(), liveness.Abort())
+
+
+def test_abort_keeps_the_first_reason():
+    abort = liveness.Abort()
+    assert abort.trigger("first")
+    assert not abort.trigger("second")
+    assert abort.triggered
+    assert abort.reason == "first"
+
+
+# --- real ranks ------------------------------------------------------------------------------------
+
+_WORKER = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    torch.set_num_threads(1)
+    import ringtrain as hvd
+    from ringtrain.exceptions import HorovodInternalError
+
+    hvd.init()
+    rank = hvd.rank()
+    rng = __import__("random").Random(rank)
+    sys.stdout.write(f"up {rank}\\n"); sys.stdout.flush()
+    i = 0
+    try:
+        while True:
+            # every path a wait can take: the round, the mesh, the socket ring, gloo
+            kind = i % 4
+            if kind == 0:
+                hvd.allreduce(torch.ones(8), name=f"small{i}")
+            elif kind == 1:
+                hvd.allreduce(torch.ones(300_000), name=f"ring{i}")
+            elif kind == 2:
+                hvd.broadcast(torch.ones(200_000), 0, name=f"bcast{i}")
+            else:
+                hvd.allgather(torch.ones(1000, 3), name=f"gather{i}")
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.2)  # user code between collectives
+            i += 1
+            if i == 20:
+                open(os.environ["READY_FILE"] + f".{rank}", "w").close()
+    except HorovodInternalError as exc:
+        sys.stdout.write(f"HorovodInternalError on rank {rank} at {time.time()!r}: {exc}\\n")
+        sys.stdout.flush()
+    hvd.shutdown()
+    sys.stdout.write(f"exited {rank}\\n")
+""")
+
+
+def _spawn(size: int, tmp_path: Path, peer_timeout: str = "5") -> list[subprocess.Popen]:
+    port = free_port()
+    procs = []
+    for rank in range(size):
+        env = {**os.environ, **rank_env(rank, size, port), "PYTHONPATH": str(REPO / "src"),
+               "RINGTRAIN_PEER_TIMEOUT_SECONDS": peer_timeout, "READY_FILE": str(tmp_path / "ready")}
+        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _wait_ready(tmp_path: Path, size: int, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 240
+    while not all((tmp_path / f"ready.{r}").exists() for r in range(size)):
+        assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_every_survivor_raises_naming_the_rank_that_was_killed_or_hung(tmp_path, sig):
+    size = 3
+    procs = _spawn(size, tmp_path)
+    victim = random.randrange(size)
+    try:
+        _wait_ready(tmp_path, size, procs)
+        time.sleep(random.random())  # a random moment of the loop
+        procs[victim].send_signal(sig)
+        signalled = time.time()
+        outputs = {}
+        for rank, proc in enumerate(procs):
+            if rank != victim:
+                # hang guard only: detection takes RINGTRAIN_PEER_TIMEOUT_SECONDS (5 s) at most
+                outputs[rank] = proc.communicate(timeout=120)[0]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    for rank, out in outputs.items():
+        assert f"HorovodInternalError on rank {rank}" in out, out
+        raised = float(out.split(f"HorovodInternalError on rank {rank} at ", 1)[1].split(":", 1)[0])
+        print(f"rank {rank} raised {raised - signalled:.1f} s after rank {victim} got {sig.name}")
+        assert f"rank {victim} on host {socket.gethostname()}" in out, out
+        assert f"exited {rank}" in out, out
