@@ -375,8 +375,8 @@ class _Node:
         code = self.proc.returncode
         if self.silent_for is not None:
             message = (f"lost contact with host {self.host}: no word from its agent for "
-                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS, with --max-restarts at least the "
-                       "rendezvous' node timeout): the host is down or the network to it is cut")
+                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS, with --max-restarts at "
+                       "least the rendezvous' node timeout): the host is down or the network to it is cut")
         elif self.remote and code == 255 and ("not responding" in last or "timed out" in last.lower()):
             message = (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network "
                        "to it is cut)")
