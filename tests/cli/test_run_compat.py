@@ -76,7 +76,7 @@ def test_torchrun_line_verbatim_with_ringtrain_run(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 rank(s), strategy ddp" in result.stdout, result.stdout
-    assert len(list((tmp_path / "snaps").iterdir())) == 1
+    assert len(list((tmp_path / "snaps").glob("*.pt"))) == 1
 
 
 def test_standalone_is_this_node_alone_even_inside_an_allocation():
@@ -286,7 +286,7 @@ def test_rdzv_conf_reaches_the_rendezvous(capsys):
     code = main(["run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
                  str(port), "--rdzv-conf", "timeout=2", sys.executable, REPORT_ENV, "."])
     assert code == 1
-    assert "2000ms" in capsys.readouterr().err
+    assert "within 2 s" in capsys.readouterr().err
 
 
 def test_rdzv_conf_is_parsed_into_the_config():

@@ -52,7 +52,6 @@ def test_static_rendezvous_needs_no_rdzv_id():
     assert all("sum of ranks 1 ok" in output for _, output in results)
 
 
-@pytest.mark.xfail(reason="mismatch detection: rendezvous branch", strict=False)
 def test_mismatched_nnodes_is_reported_on_both_nodes():
     # --start-timeout 60 puts the rendezvous timeout at minutes: the guard is far below it, so an error
     # within the guard was a detection, not a timeout.

@@ -168,9 +168,20 @@ def test_pbs_and_lsf_scripts_run_inside_their_documented_environment(scheduler: 
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
     assert sorted(ranks) == [0, 1]
-    # node 0 is the host file's first host, the port 15000 + the last four digits of the job number
+    # node 0 is the host file's first host, its rendezvous port 15000 + the last four digits of the job
+    # number; the ranks' own MASTER_PORT is a fresh one of that rendezvous round (see docs/restarts.md)
     port = "23812" if scheduler == "pbs" else "19711"
-    assert {(env["MASTER_ADDR"], env["MASTER_PORT"]) for env in ranks.values()} == {("localhost", port)}
+    assert '--master-port "$MASTER_PORT"' in text
+    exported = subprocess.run(["bash", "-c", _port_lines(text) + 'echo "$MASTER_PORT"'],
+                              env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert exported.stdout.strip() == port
+    assert {env["MASTER_ADDR"] for env in ranks.values()} == {"localhost"}
+    assert len({env["MASTER_PORT"] for env in ranks.values()}) == 1
+
+
+def _port_lines(text: str) -> str:
+    """The lines of a job script that compute the rendezvous address and port."""
+    return "".join(line + "\n" for line in text.splitlines() if "MASTER_" in line and "ringtrain" not in line)
 
 
 def test_a_script_whose_python_lacks_ringtrain_says_so(tmp_path: Path) -> None:

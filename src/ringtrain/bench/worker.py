@@ -61,21 +61,37 @@ def step_plan(items: int, world: int, batch: int, warmup: int, steps: int | None
     return epochs, None, in_epoch * epochs
 
 
-def time_phases(model: torch.nn.Module, optimizer: Any, loss_fn: Any, features: Any, targets: Any,
-                repeats: int) -> dict[str, float]:
-    """Median seconds of forward, backward and optimizer step on one batch (one process, no comms)."""
-    from ringtrain.train.data import as_arguments
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: CUDA runs asynchronously, so a host clock read right after a
+    launch would time the launch, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
+
+def time_phases(model: torch.nn.Module, optimizer: Any, loss_fn: Any, features: Any, targets: Any,
+                repeats: int, device: torch.device | None = None) -> dict[str, float]:
+    """Median seconds of forward, backward and optimizer step on one batch (one process, no comms).
+
+    ``device`` is the model's (default: CPU); the batch is moved there first.
+    """
+    from ringtrain.train.data import as_arguments, to_device
+
+    device = device or torch.device("cpu")
+    features, targets = to_device(features, device), to_device(targets, device)
     timings: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     model.train()
     for _ in range(repeats + 1):  # the first round warms the allocator and is dropped
+        _synchronize(device)
         t0 = time.perf_counter()
         loss = loss_fn(model(*as_arguments(features)), targets)
+        _synchronize(device)
         t1 = time.perf_counter()
         loss.backward()
+        _synchronize(device)
         t2 = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        _synchronize(device)
         t3 = time.perf_counter()
         for key, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):
             timings[key].append(value)
@@ -108,8 +124,12 @@ def run(spec: dict[str, Any]) -> str:
                            threads=spec.get("threads"), progress=False, max_steps_per_epoch=per_epoch,
                            task=workload.task, device=spec.get("device"))
     stamps: list[float] = []
-    trainer = Trainer(model, optimizer, workload.loss(), train_ds, None, config,
-                      on_step=lambda _: stamps.append(time.perf_counter()))
+
+    def stamp(trainer: Trainer) -> None:
+        _synchronize(trainer.strategy.device)  # a step on a GPU ends when its kernels have run
+        stamps.append(time.perf_counter())
+
+    trainer = Trainer(model, optimizer, workload.loss(), train_ds, None, config, on_step=stamp)
     try:
         start = time.perf_counter()
         trainer.train()
@@ -117,7 +137,7 @@ def run(spec: dict[str, Any]) -> str:
         if spec.get("phases") and world == 1:
             features, targets = next(iter(trainer.train_loader.epoch(0)))
             phases = time_phases(trainer.model, trainer.optimizer, trainer.loss_fn, features, targets,
-                                 repeats=max(3, min(10, len(stamps) // 4)))
+                                 repeats=max(3, min(10, len(stamps) // 4)), device=trainer.strategy.device)
     finally:
         trainer.close()
     if len(stamps) <= warmup:

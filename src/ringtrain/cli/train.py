@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
     p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int, default=1,
                    help="ranks on this machine (1)")
-    p.add_argument("--max-restarts", type=_int, default=0,
+    p.add_argument(*spellings("--max-restarts"), type=_int, default=0,
                    help="restart every rank up to N times when one fails; training resumes from the last "
                         "snapshot (0)")
     run = p.add_argument_group("training")

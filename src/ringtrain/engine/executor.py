@@ -4,11 +4,22 @@ Gloo has no AVERAGE: an average is a SUM followed by scaling with 1/set size. Sc
 Horovod's CPU numerics: integers are scaled in float64 and truncated toward zero, half precision is
 scaled in float32. Allgather, broadcast and alltoall move raw bytes (``view(torch.uint8)``) so that
 every dtype works whatever the backend supports.
+
+CUDA tensors run on NCCL, each rank on its own GPU: a response names the device of its lowest rank,
+so every allocation, stream and synchronization here uses this rank's own device
+(:func:`local_device`). Where two members of a set share one GPU, which NCCL refuses ("Duplicate GPU
+detected"), the set's CUDA collectives run on host copies over the CPU paths instead
+(:func:`transport_device`). A CUDA collective is complete on this rank's device when its handle
+completes, whatever stream the caller reads it on (:func:`_settle`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import logging
 import math
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +42,8 @@ from ringtrain.engine.requests import (
     dtype_from_name,
 )
 from ringtrain.engine.socket_ring import ring_allreduce
+
+log = logging.getLogger("ringtrain.engine")
 
 _REDUCE_OPS = {MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX, PRODUCT: dist.ReduceOp.PRODUCT}
 _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -115,12 +128,91 @@ def _wait_inputs(requests: list[Request | None]) -> None:
                 torch.cuda.current_stream(request.meta.device).wait_event(event)
 
 
+def _settle(device: int) -> None:
+    """Wait until this rank's device has finished the collective's last kernels (scaling, copies out).
+
+    They run on the engine thread's stream, so a caller reading the result on another stream (a
+    ``torch.cuda.stream`` block, autograd's) would otherwise race them; Horovod's handles complete
+    only once the GPU work is done, too.
+    """
+    if device >= 0:
+        torch.cuda.current_stream(device).synchronize()
+
+
+def local_device(ref_device: int, requests: Sequence[Request | None], groups: SetGroups) -> int:
+    """This rank's device for a response whose reference (lowest) rank used ``ref_device``.
+
+    Ranks may use different GPUs (rank r on ``cuda:r``): the response's device index is only the
+    reference rank's. A rank with a request of its own uses its device; a joined rank (no tensors)
+    uses the GPU of its last CUDA request in this set, else the one its local rank pins.
+    """
+    if ref_device < 0:
+        return -1
+    for request in requests:
+        if request is not None:
+            groups.extra["cuda_device"] = request.meta.device
+            return request.meta.device
+    known = groups.extra.get("cuda_device")
+    if known is None:
+        hierarchy = groups.extra.get("hierarchy")
+        local_rank = hierarchy.world.local_rank if hierarchy is not None else 0
+        known = local_rank % max(1, torch.cuda.device_count())
+    return known
+
+
+def transport_device(device: int, groups: SetGroups) -> int:
+    """Where a collective of this rank's ``device`` runs: that GPU (NCCL), or -1 (host memory, the
+    CPU paths) for CUDA tensors of a set whose members share a GPU, which NCCL refuses."""
+    if device < 0 or not shares_gpu(groups, device):
+        return device
+    return -1
+
+
+def gpu_identity(device: int) -> str:
+    """What tells one physical GPU from another, across processes and hosts (its UUID)."""
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    # torch builds without the UUID: the PCI address on this host
+    pci = [getattr(props, name, "?") for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    return f"{socket.gethostname()}/{pci}/{props.name}"
+
+
+def shares_gpu(groups: SetGroups, device: int) -> bool:
+    """Whether two members of the set use one GPU (several ranks per GPU on a machine short of GPUs).
+
+    Decided once per set, at its first CUDA collective: the same point of the agreed order on every
+    member, as the NCCL group's lazy creation is. One allgather of 16-byte digests on the set's gloo
+    group.
+    """
+    shared = groups.extra.get("shares_gpu")
+    if shared is None:
+        shared = False
+        if len(groups.ranks) > 1:
+            digest = hashlib.sha256(gpu_identity(device).encode()).digest()[:16]
+            mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+            rows = [torch.empty(16, dtype=torch.uint8) for _ in groups.ranks]
+            liveness.wait_on_group(groups.gloo.allgather([rows], [mine]), groups.gloo, groups.abort)
+            shared = len({bytes(row.tolist()) for row in rows}) < len(rows)
+        groups.extra["shares_gpu"] = shared
+        if shared and groups.extra.get("set_rank") == 0:
+            log.warning(
+                "ranks %s share GPUs: NCCL refuses two ranks on one GPU, so CUDA collectives of this "
+                "process set go through host memory (gloo and ringtrain's CPU paths), at CPU speed. HINT: "
+                "start at most one rank per GPU (-np no more than the GPUs of each host) for NCCL.",
+                groups.ranks)
+    return shared
+
+
 def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroups) -> None:
     """One (possibly fused) allreduce over the set; joined ranks contribute zeros."""
     ref = batch[0][0].reference
     dtype = dtype_from_name(ref.dtypes[0])
-    device = _device(ref.device)
-    _wait_inputs([req for _, req in batch])
+    requests = [req for _, req in batch]
+    local = local_device(ref.device, requests, groups)
+    device = _device(local)
+    _wait_inputs(requests)
     single = len(batch) == 1 and len(ref.shapes) == 1 and batch[0][1] is not None
     if single:
         request = batch[0][1]
@@ -144,39 +236,47 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
                     buffer[offset : offset + n].copy_(request.inputs[i].reshape(-1))
                 offset += n
     scale_(buffer, ref.prescale)
-    wire = buffer.to(_WIRE_DTYPE[dtype]) if dtype in _WIRE_DTYPE else buffer
+    via = transport_device(local, groups)
+    wire = buffer if via == local else buffer.cpu()
+    if dtype in _WIRE_DTYPE:
+        wire = wire.to(_WIRE_DTYPE[dtype])
     if wire.numel() > 0:
         hierarchy = groups.extra.get("hierarchy")
         if ref.reduce_op == ADASUM:
             counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
-            hierarchical.adasum_over_set(hierarchy, wire.reshape(-1), counts, ref.device)
+            if ref.device >= 0:
+                # CUDA tensors follow Horovod's NCCL build (averaged within each host first), also
+                # when they travel through host memory.
+                hierarchical.adasum(hierarchy, wire.reshape(-1), counts, via)
+            else:
+                hierarchical.adasum_over_set(hierarchy, wire.reshape(-1), counts, via)
         elif hierarchy is not None and hierarchy.applies_to_allreduce():
             torch_op = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
-            hierarchical.allreduce(hierarchy, wire.reshape(-1), COMBINE[ref.reduce_op], torch_op, ref.device)
-        elif ref.device < 0 and mesh_fits(groups, wire):
+            hierarchical.allreduce(hierarchy, wire.reshape(-1), COMBINE[ref.reduce_op], torch_op, via)
+        elif via < 0 and mesh_fits(groups, wire):
             mesh_allreduce(groups.plane, wire, ref.reduce_op)
-        elif ref.device < 0 and groups.ring:
+        elif via < 0 and groups.ring:
             ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), COMBINE[ref.reduce_op])
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
-            _wait(groups.group(ref.device).allreduce([wire], opts), ref.device, groups)
+            _wait(groups.group(via).allreduce([wire], opts), via, groups)
     if wire is not buffer:
         buffer.copy_(wire)
     post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
     scale_(buffer, post)
-    if single:
-        return
-    offset = 0
-    for response, request in batch:
-        for i, shape in enumerate(response.reference.shapes):
-            n = math.prod(shape)
-            if request is not None:
-                out = request.outputs[i]
-                if out is None:
-                    out = request.outputs[i] = torch.empty_like(request.inputs[i])
-                out.reshape(-1).copy_(buffer[offset : offset + n])
-            offset += n
+    if not single:
+        offset = 0
+        for response, request in batch:
+            for i, shape in enumerate(response.reference.shapes):
+                n = math.prod(shape)
+                if request is not None:
+                    out = request.outputs[i]
+                    if out is None:
+                        out = request.outputs[i] = torch.empty_like(request.inputs[i])
+                    out.reshape(-1).copy_(buffer[offset : offset + n])
+                offset += n
+    _settle(local)
 
 
 def _fusion_buffer(groups: SetGroups, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
@@ -246,7 +346,8 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
     if hierarchy is not None and hierarchy.applies_to_allgather():
         hierarchical.run_allgather(hierarchy, response, request)
         return
-    pg = groups.group(response.reference.device)
+    device = request.meta.device  # this rank's (the reference rank may use another GPU)
+    pg = groups.group(device)
     for i, tensor in enumerate(request.inputs):
         rows = [response.metas[r].shapes[i][0] for r in groups.ranks]
         row_shape = tuple(tensor.shape[1:])
@@ -257,7 +358,7 @@ def run_allgather(response: Response, request: Request, groups: SetGroups) -> No
             send = torch.zeros(width, dtype=torch.uint8, device=tensor.device)
             send[: tensor.numel() * tensor.element_size()].copy_(_bytes(tensor))
             recv = [torch.empty(width, dtype=torch.uint8, device=tensor.device) for _ in groups.ranks]
-            _wait(pg.allgather([recv], [send]), response.reference.device, groups)
+            _wait(pg.allgather([recv], [send]), device, groups)
             out_bytes = _bytes(out)
             offset = 0
             for count, chunk in zip(rows, recv):
@@ -271,7 +372,8 @@ def run_broadcast(response: Response, request: Request, groups: SetGroups) -> No
     _wait_inputs([request])
     ref = response.reference
     root = groups.ranks.index(ref.root)
-    pg = groups.group(ref.device)
+    device = request.meta.device
+    pg = groups.group(device)
     for i, tensor in enumerate(request.inputs):
         out = request.outputs[i]
         if out is None:
@@ -284,7 +386,7 @@ def run_broadcast(response: Response, request: Request, groups: SetGroups) -> No
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        _wait(pg.broadcast([payload], opts), ref.device, groups)
+        _wait(pg.broadcast([payload], opts), device, groups)
 
 
 def run_alltoall(response: Response, request: Request, groups: SetGroups) -> None:
@@ -299,15 +401,16 @@ def run_alltoall(response: Response, request: Request, groups: SetGroups) -> Non
     out = torch.empty((sum(recv_splits), *row_shape), dtype=tensor.dtype, device=tensor.device)
     if row_bytes > 0 and (sum(recv_splits) > 0 or sum(send_splits) > 0):
         send = _bytes(tensor)[: sum(send_splits) * row_bytes]
+        device = request.meta.device
         _wait(
-            groups.group(response.reference.device).alltoall_base(
+            groups.group(device).alltoall_base(
                 _bytes(out),
                 send,
                 [s * row_bytes for s in recv_splits],
                 [s * row_bytes for s in send_splits],
                 dist.AllToAllOptions(),
             ),
-            response.reference.device,
+            device,
             groups,
         )
     request.outputs[0] = out
@@ -326,6 +429,7 @@ def run_reducescatter(response: Response, request: Request, groups: SetGroups) -
     ref = response.reference
     n = len(groups.ranks)
     me = groups.extra["set_rank"]
+    device = request.meta.device
     for i, tensor in enumerate(request.inputs):
         buffer = tensor.clone()
         scale_(buffer, ref.prescale)
@@ -333,7 +437,7 @@ def run_reducescatter(response: Response, request: Request, groups: SetGroups) -
         if wire.numel() > 0:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM
-            _wait(groups.group(ref.device).allreduce([wire], opts), ref.device, groups)
+            _wait(groups.group(device).allreduce([wire], opts), device, groups)
         if wire is not buffer:
             buffer.copy_(wire)
         rows = reducescatter_rows(tensor.shape[0], n)
@@ -345,6 +449,18 @@ def run_reducescatter(response: Response, request: Request, groups: SetGroups) -
 
 def run_single(response: Response, request: Request, groups: SetGroups) -> None:
     """Dispatch a non-fused response."""
+    if response.op == OpType.ALLREDUCE:
+        run_allreduce([(response, request)], groups)
+        return
+    device = request.meta.device
+    if transport_device(device, groups) != device:
+        _run_through_host(response, request, groups)
+    else:
+        _run_op(response, request, groups)
+    _settle(device)
+
+
+def _run_op(response: Response, request: Request, groups: SetGroups) -> None:
     if response.op == OpType.ALLGATHER:
         run_allgather(response, request, groups)
     elif response.op == OpType.BROADCAST:
@@ -353,7 +469,28 @@ def run_single(response: Response, request: Request, groups: SetGroups) -> None:
         run_alltoall(response, request, groups)
     elif response.op == OpType.REDUCESCATTER:
         run_reducescatter(response, request, groups)
-    elif response.op == OpType.ALLREDUCE:
-        run_allreduce([(response, request)], groups)
     else:
         raise AssertionError(f"not a data op: {response.op}")
+
+
+def _run_through_host(response: Response, request: Request, groups: SetGroups) -> None:
+    """Run a CUDA request on host copies over the CPU paths, then put the results on its GPU.
+
+    For sets whose members share a GPU (see :func:`transport_device`). Every member stages, so the
+    CPU path sees CPU requests everywhere; in-place outputs are written back in place.
+    """
+    _wait_inputs([request])
+    device = torch.device("cuda", request.meta.device)
+    metas = {rank: dataclasses.replace(meta, device=-1) for rank, meta in response.metas.items()}
+    host = Request(meta=dataclasses.replace(request.meta, device=-1), handle=request.handle,
+                   inputs=[t.cpu() for t in request.inputs], outputs=[None] * len(request.outputs),
+                   extra=request.extra)
+    _run_op(dataclasses.replace(response, metas=metas), host, groups)
+    for i, result in enumerate(host.outputs):
+        if result is None:
+            continue
+        out = request.outputs[i]
+        if out is not None and out.shape == result.shape and out.dtype == result.dtype:
+            out.copy_(result)
+        else:
+            request.outputs[i] = result.to(device)

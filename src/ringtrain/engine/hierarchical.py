@@ -212,7 +212,7 @@ def adasum_over_set(hierarchy: Hierarchy, flat: torch.Tensor, counts: Sequence[i
 
 def run_allgather(hierarchy: Hierarchy, response: Any, request: Any) -> None:
     """The executor's allgather of a request's tensors (dim 0 may differ per rank), through the roots."""
-    device = response.reference.device
+    device = request.meta.device  # this rank's GPU (the reference rank may use another)
     members = hierarchy.set_groups.ranks
     for i, tensor in enumerate(request.inputs):
         row_shape = tuple(tensor.shape[1:])

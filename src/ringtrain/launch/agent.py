@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ringtrain.exceptions import UsageError
+from ringtrain.launch.environ import patched_environ
 from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
@@ -75,19 +77,15 @@ class AgentFailed(Exception):
         self.count = count
 
 
-@contextlib.contextmanager
-def patched_environ(updates: Mapping[str, str]) -> Iterator[None]:
-    """Set variables for the workers (they inherit this process's environment), then restore them."""
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
+def _seconds(value: object, name: str) -> float:
+    """A positive number of seconds from a rendezvous setting, or a usage error naming it."""
     try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        seconds = float(str(value))
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds. HINT: e.g. {name}=900.")
+    return seconds
 
 
 @contextlib.contextmanager
@@ -183,6 +181,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
                          relay=relay)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1)), **spec.rdzv_conf}
+    # --rdzv-conf timeout=N bounds the meeting like torchrun's (it overrides --start-timeout's value)
+    rdzv_timeout = _seconds(rdzv_configs["timeout"], "--rdzv-conf timeout")
     if spec.rdzv_backend == "static":
         rdzv_configs["rank"] = spec.node_rank
     # "static" (torchrun's fixed membership) is served by ringtrain's own handler; c10d stays torch's.
@@ -208,7 +208,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                              layout=spec.layout, host=host)
         meeting = NodeMeeting(view=view, endpoint=spec.rdzv_endpoint, secret=secret,
                               bootstrap_host=endpoint_host.strip("[]") or "127.0.0.1",
-                              timeout=float(max(spec.rdzv_timeout, 1)))
+                              timeout=rdzv_timeout)
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
     # into "$"; doubling each "$" hands the user's arguments over unchanged.
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]

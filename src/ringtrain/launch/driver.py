@@ -169,12 +169,28 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
     watcher = None
     if driven:
         peer_timeout = read_knob("peer_timeout_s", environ)
-        watcher = _watch_stdin(peer_timeout, spec.host or socket.gethostname())
+        watcher = _watch_stdin(contact_timeout(peer_timeout, config.max_restarts),
+                               spec.host or socket.gethostname())
         _beat_to_driver(min(BEAT_INTERVAL, peer_timeout / 4))
     try:
         return run_node(spec, list(config.command))
     finally:
         del watcher
+
+
+def contact_timeout(peer_timeout: float, max_restarts: int) -> float:
+    """Seconds of silence after which the driver and its agents give each other up.
+
+    Without restarts a silent host ends the job after ``RINGTRAIN_PEER_TIMEOUT_SECONDS``. With
+    ``--max-restarts`` the ranks still notice a cut link after that time and fail, but the launchers
+    stay as patient as the rendezvous is with a missing node, so a short cut costs one restart, not the
+    job.
+    """
+    if max_restarts <= 0:
+        return peer_timeout
+    from ringtrain.launch.rendezvous import NODE_TIMEOUT
+
+    return max(peer_timeout, NODE_TIMEOUT)
 
 
 def _beat_to_driver(interval: float) -> threading.Thread:
@@ -364,8 +380,8 @@ class _Node:
         code = self.proc.returncode
         if self.silent_for is not None:
             message = (f"lost contact with host {self.host}: no word from its agent for "
-                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or the "
-                       "network to it is cut")
+                       f"{self.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS, with --max-restarts at "
+                       "least the rendezvous' node timeout): the host is down or the network to it is cut")
         elif self.remote and code == 255 and ("not responding" in last or "timed out" in last.lower()):
             message = (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network "
                        "to it is cut)")
@@ -435,6 +451,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     endpoint = f"{addr}:{port}"
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
     peer_timeout = float(read_knob("peer_timeout_s", environ))
+    silence_limit = contact_timeout(peer_timeout, config.max_restarts)
     secret = store_host.node_secret(environ, whole_job_here=True)
     slots = [n.slots for n in nodes]
     hosts = [n.host for n in nodes]
@@ -461,7 +478,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 forwarded = forwarded_environment(environ, exported_values(config, environ))
                 cmd = remote_command(node.host, argv, forwarded, cwd_for_remote(),
                                      config.ssh_port, config.ssh_identity_file, config.start_timeout,
-                                     alive_timeout=peer_timeout)
+                                     alive_timeout=silence_limit)
                 if config.verbose:
                     print(f"ringtrain run: node {k} on {node.host}: {' '.join(cmd)}", file=sys.stderr)
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
@@ -479,7 +496,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
             for p in procs:
                 if stopping_since is None and p.ended_early is None and p.proc.poll() not in (None, 0):
                     p.ended_early = time.time()
-                if stopping_since is None and p.check_silence(peer_timeout):
+                if stopping_since is None and p.check_silence(silence_limit):
                     lost_contact = True
                     p.kill()  # its ssh waits on a dead connection: nothing more will come through it
             bad = (stop_signal or failures or lost_contact

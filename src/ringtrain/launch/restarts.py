@@ -33,7 +33,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 
 from ringtrain.launch import rendezvous as _rendezvous  # registers the "ringtrain" backend
-from ringtrain.launch.agent import patched_environ
+from ringtrain.launch.environ import patched_environ
 
 #: The variable that tells a worker which attempt it belongs to (0 first, then 1 per group restart).
 ENV_ATTEMPT = "RINGTRAIN_ATTEMPT"

@@ -8,6 +8,7 @@ an optimizer step (with or without a GradScaler), sum a tensor over ranks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtrain.env import detect_environment
+from ringtrain.train.logs import LOGGER_NAME
 
 
 def usable_cores() -> int:
@@ -92,7 +94,12 @@ class Strategy(ABC):
 
 
 class DDPStrategy(Strategy):
-    """torch DistributedDataParallel over the default process group (gloo on CPU, NCCL on CUDA)."""
+    """torch DistributedDataParallel: gloo on CPU, NCCL on CUDA (gloo where ranks share a GPU).
+
+    The default process group is gloo; on CUDA, an NCCL group of all ranks carries the gradients and
+    ``sum``, unless two ranks use one GPU (more ranks than GPUs on a host), which NCCL refuses
+    ("Duplicate GPU detected"): then gloo moves the CUDA tensors, through host memory.
+    """
 
     name = "ddp"
 
@@ -100,6 +107,8 @@ class DDPStrategy(Strategy):
         super().__init__(*args, **kwargs)
         self.timeout_s = timeout_s
         self._owns_group = False
+        #: The group DDP and ``sum`` use (None: the default group).
+        self.group: Any = None
 
     def setup(self) -> None:
         placement = detect_environment().placement()
@@ -112,13 +121,21 @@ class DDPStrategy(Strategy):
         self.rank, self.world_size = placement.rank, placement.world_size
         if self.world_size == 1:
             return
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
         env_ready = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT"))
         # env:// lets torchrun's agent share its store; otherwise go to the detected main address
         init_method = "env://" if env_ready else f"tcp://{placement.main_address}:{placement.main_port}"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+        dist.init_process_group("gloo", init_method=init_method, rank=self.rank,
                                 world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
         self._owns_group = True
+        if self.device.type == "cuda":
+            sharing = ranks_sharing_gpus(self.device)
+            if not sharing:
+                self.group = dist.new_group(backend="nccl", timeout=timedelta(seconds=self.timeout_s))
+            elif self.rank == 0:
+                logging.getLogger(LOGGER_NAME).warning(
+                    "ranks %s share GPUs: NCCL refuses two ranks on one GPU, so DDP's gradients go "
+                    "through host memory on gloo, at CPU speed. HINT: start at most one rank per GPU "
+                    "(-np no more than the GPUs of each host) for NCCL.", sharing)
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         if self.world_size == 1:
@@ -126,11 +143,11 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group)
         if self.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            wrapped.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
         return wrapped, optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -155,7 +172,7 @@ class DDPStrategy(Strategy):
         if self.world_size == 1:
             return tensor.detach().cpu().clone()
         work = tensor.detach().to(self.device).clone()
-        dist.all_reduce(work, op=dist.ReduceOp.SUM)
+        dist.all_reduce(work, op=dist.ReduceOp.SUM, group=self.group)
         return work.cpu()
 
     def teardown(self) -> None:
@@ -163,6 +180,17 @@ class DDPStrategy(Strategy):
             dist.barrier()
             dist.destroy_process_group()
         self._owns_group = False
+        self.group = None
+
+
+def ranks_sharing_gpus(device: torch.device) -> list[int]:
+    """The ranks of the default group whose GPU another rank uses too (empty when none; collective)."""
+    from ringtrain.engine.executor import gpu_identity
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, gpu_identity(index))
+    return [rank for rank, gpu in enumerate(everyone) if everyone.count(gpu) > 1]
 
 
 class HorovodStrategy(Strategy):
