@@ -248,6 +248,12 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def reset(self) -> None:
+        """After a re-initialization: samplers re-read rank and size (a reset that skips the sync too)."""
+        for handler in self._handlers.values():
+            if isinstance(handler.value, ElasticSampler):
+                handler.value.reset()
+
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers and name in self.__dict__:

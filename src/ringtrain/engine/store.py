@@ -48,6 +48,12 @@ def rendezvous(timeout_s: float) -> World:
     """
     global _generation
     _generation += 1
+    from ringtrain.engine import elastic_rendezvous
+
+    if elastic_rendezvous.enabled():
+        # Started by ringtrain's elastic driver: rank, size and the key namespace come from the
+        # driver's current generation, not from RANK / WORLD_SIZE variables.
+        return elastic_rendezvous.join(timeout_s)
     timeout = datetime.timedelta(seconds=timeout_s)
     placement = detect_environment().placement()
     if dist.is_available() and dist.is_initialized():

@@ -83,6 +83,10 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"ringtrain run: warning: {note}", file=sys.stderr)
     if config.verbose:
         print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
+    if config.elastic:
+        from ringtrain.launch.elastic_driver import launch_elastic
+
+        return launch_elastic(config, environ)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)

@@ -4,11 +4,12 @@ synchronization points that carry no data (barrier, join)."""
 from __future__ import annotations
 
 import atexit
+import sys
 from typing import Any
 
 import torch
 
-from ringtrain.engine import state
+from ringtrain.engine import elastic_rendezvous, state
 from ringtrain.engine.background import Engine
 from ringtrain.engine.requests import OpType
 from ringtrain.engine.settings import Settings
@@ -52,9 +53,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         static = list(process_sets)
     settings = Settings.from_environ()
     try:
-        world = rendezvous(settings.gloo_timeout_s)
-        register_static(static, world.size)
-        engine = Engine(world, settings, [ps.ranks for ps in static])
+        world, engine = _start_engine(settings, static)
     except ValueError:
         raise
     except Exception as exc:
@@ -78,6 +77,26 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
+
+
+def _start_engine(settings: Settings, static: list[ProcessSet]) -> tuple[Any, Engine]:
+    """Rendezvous and build the engine's groups.
+
+    An elastic worker whose generation breaks while forming (a peer died, the driver abandoned it)
+    leaves it and joins the next one the driver publishes; anything else is raised.
+    """
+    while True:
+        world = rendezvous(settings.gloo_timeout_s)
+        try:
+            register_static(static, world.size)
+            return world, Engine(world, settings, [ps.ranks for ps in static])
+        except ValueError:
+            raise
+        except Exception as exc:
+            if not elastic_rendezvous.enabled():
+                raise
+            print(f"ringtrain elastic: the group of {world.size} could not form ({type(exc).__name__}: "
+                  f"{exc}); waiting for the driver's next generation", file=sys.stderr, flush=True)
 
 
 def shutdown() -> None:
