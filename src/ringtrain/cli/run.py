@@ -391,6 +391,9 @@ def register(subparsers: Any) -> None:
         help="start a command on many processes and hosts (horovodrun / torchrun compatible)",
         description="Start COMMAND as -np ranks on this machine, on -H hosts over ssh, or inside a "
                     "Slurm/PBS allocation. Flags can also be set as RINGTRAIN_<FLAG> variables.",
+        # No prefix matching: the command's own options (``train.py --out x``) would otherwise be taken
+        # for abbreviations of ours (--output-filename) and refused as ambiguous.
+        allow_abbrev=False,
     )
     add_run_arguments(parser)
     parser.set_defaults(func=run_command)

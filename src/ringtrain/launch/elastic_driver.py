@@ -470,9 +470,13 @@ class ElasticDriver:
                                         members[wid].rank)
                           for wid in self.left if codes[wid] is None}
         self.waiting_since = time.monotonic()
-        log(f"generation {g} broke ({len(failed)} worker(s) failed, {len(self.survivors)} waiting); "
-            f"re-forming (reset {self.resets}"
-            f"{'' if self.settings.reset_limit is None else f' of at most {self.settings.reset_limit}'})")
+        limit = "" if self.settings.reset_limit is None else f" of at most {self.settings.reset_limit}"
+        if failed:
+            log(f"generation {g} broke: {len(failed)} worker(s) failed, {len(self.survivors)} wait to go on; "
+                f"re-forming the group (reset {self.resets}{limit})")
+        else:
+            log(f"generation {g} ends: its {len(self.survivors)} worker(s) re-form the group for the changed "
+                f"hosts (reset {self.resets}{limit})")
         return None
 
     def _check_host_updates(self) -> None:
