@@ -84,7 +84,8 @@ def left_count_key(generation: int) -> str:
 
 
 def engine_prefix(generation: int) -> str:
-    return f"elastic/gen/{generation}/engine/"
+    """The engine's namespace in generation ``generation`` (PrefixStore adds the "/" itself)."""
+    return f"elastic/gen/{generation}/engine"
 
 
 def update_key(number: int) -> str:
@@ -144,7 +145,7 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
     return bool(environ.get(ENV_WORKER, "").strip())
 
 
-class _GenerationStore(dist.Store):
+class GenerationStore(dist.Store):
     """The job store as one generation's engine sees it: blocking waits give up once it is abandoned.
 
     gloo and the control plane wait for their peers' keys; when a peer of this generation died
@@ -168,7 +169,7 @@ class _GenerationStore(dist.Store):
                 raise dist.DistStoreError(f"generation {self._generation} of the elastic job was abandoned "
                                           f"while waiting for {keys}: {reason}")
             left = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
-            if left <= 0:
+            if left < 0.001:  # the job store reads a wait under 1 ms as "no timeout"
                 raise dist.DistStoreError(f"timed out after {limit:g} s waiting for {keys} in generation "
                                           f"{self._generation} of the elastic job")
             try:
@@ -212,8 +213,11 @@ class _GenerationStore(dist.Store):
         self._base.append(key, value)
 
 
-class _Client:
-    """This worker's connection to the driver: the generation it is in, and the update listener."""
+class WorkerClient:
+    """This worker's connection to the driver: the generation it is in, and the update listener.
+
+    One per process (:func:`join` makes it from the environment); tests build their own.
+    """
 
     def __init__(self, worker: str, store: jobstore.JobStore, first_generation: int) -> None:
         self.worker = worker
@@ -225,7 +229,7 @@ class _Client:
         #: Host updates numbered up to this one are part of the current generation already.
         self.updates_seen = 0
         # Every generation's store stays referenced: C++ (PrefixStore, gloo) does not keep it alive.
-        self._stores: list[_GenerationStore] = []
+        self._stores: list[GenerationStore] = []
         self._listeners: list[Callable[[float, int], None]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -250,7 +254,7 @@ class _Client:
         self.updates_seen = assignment.updates
         self.rank = slot.rank
         os.environ.update(slot.horovod_variables())
-        base = _GenerationStore(self.store, assignment.generation, timeout_s)
+        base = GenerationStore(self.store, assignment.generation, timeout_s)
         self._stores.append(base)
         host, _ = jobstore.split_address(self.store.address)
         return World(rank=slot.rank, size=slot.size, local_rank=slot.local_rank, local_size=slot.local_size,
@@ -316,10 +320,10 @@ class _Client:
             number += 1
 
 
-_client: _Client | None = None
+_client: WorkerClient | None = None
 
 
-def _get_client(timeout_s: float) -> _Client:
+def _get_client(timeout_s: float) -> WorkerClient:
     global _client
     if _client is None:
         address = jobstore.address_from_environ()
@@ -333,7 +337,7 @@ def _get_client(timeout_s: float) -> _Client:
             first = int(os.environ.get(ENV_GENERATION, "1"))
         except ValueError:
             first = 1
-        _client = _Client(os.environ[ENV_WORKER].strip(), store, first)
+        _client = WorkerClient(os.environ[ENV_WORKER].strip(), store, first)
     return _client
 
 
@@ -363,6 +367,7 @@ def remove_listener(callback: Callable[[float, int], None]) -> None:
         _client.remove_listener(callback)
 
 
-__all__ = ["CURRENT", "ENV_GENERATION", "ENV_WORKER", "POLL_SECONDS", "STOP", "Assignment", "Slot",
+__all__ = ["CURRENT", "ENV_GENERATION", "ENV_WORKER", "POLL_SECONDS", "STOP", "Assignment", "GenerationStore",
+           "Slot", "WorkerClient",
            "abort_key", "add_listener", "alive_key", "assignment_key", "enabled", "engine_prefix", "join",
            "left_count_key", "left_key", "remove_listener", "update_key"]
