@@ -110,3 +110,33 @@ def test_blacklisted_host_comes_back_after_its_cooldown(tmp_path, cleanup):
     assert "generation 3: 1 worker(s) on localhost[0]" in output  # on without the blacklisted host
     assert "generation 4: 2 worker(s) on localhost[0],127.0.0.1[0]; started w4" in output
     job.assert_every_sample_once(epochs=2)
+
+
+def test_reset_limit_ends_the_job_at_the_next_break(tmp_path, cleanup):
+    job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"],
+                     ["-np", "2", "--min-np", "1", "--reset-limit", "0"],
+                     ["--stall-host", "127.0.0.1", "--stall-after", "2"])
+    cleanup(job)
+    job.kill_stalled("w2")
+    code = job.finish()
+    output = job.text()
+    assert code == 1, output
+    assert "the job stops: the group broke again after --reset-limit 0 re-formation(s)" in output
+    assert "rank       : 1" in output  # the root cause: the killed worker
+    assert "generation 2" not in output
+    assert_no_worker_left(job)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_driver_leaves_no_worker(tmp_path, cleanup, sig):
+    job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"], ["-np", "2", "--min-np", "1"],
+                     ["--stall-host", "127.0.0.1", "--stall-after", "1"])
+    cleanup(job)
+    job.wait_for_file("stalled-w2.json")
+    job.wait_for_file("progress-w1.json")
+    pids = job.worker_pids()
+    assert len(pids) == 2
+    os.kill(job.proc.pid, sig)  # the driver alone: its workers must notice (stdin, parent-death signal)
+    code = job.finish()
+    assert code == (128 + sig if sig == signal.SIGTERM else -sig)
+    assert_no_worker_left(job)
