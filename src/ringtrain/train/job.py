@@ -53,10 +53,34 @@ class TrainJob:
     weight_decay: float | None = None
     results_json: str | None = None
     """Rank 0 writes the per-epoch results here as JSON."""
+    min_np: int | None = None
+    """Elastic (with max_np / host_discovery_script): fewest workers to go on with."""
+    max_np: int | None = None
+    """Elastic: most workers at once."""
+    host_discovery_script: str | None = None
+    """Elastic: command printing the available ``host[:slots]`` lines (default: this machine, nproc slots)."""
+
+    @property
+    def elastic(self) -> bool:
+        """Run under ringtrain run's elastic driver (Horovod elastic, in process)."""
+        return self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise JobError(f"-np {self.nproc} must be at least 1. HINT: use -np 1, or -np 2 for two ranks.")
+        if self.elastic:
+            low, high = self.min_np or 1, self.max_np
+            if self.min_np is not None and self.min_np < 1 or high is not None and high < low:
+                raise JobError(f"--min-np {self.min_np} / --max-np {self.max_np} is not a range of worker "
+                               "counts with 1 <= MIN <= MAX. HINT: write e.g. --min-np 1 --max-np 4.")
+            if self.nproc < low or (high is not None and self.nproc > high):
+                raise JobError(f"-np {self.nproc} lies outside --min-np {low} .. --max-np "
+                               f"{high if high is not None else 'unbounded'}. HINT: start with a number of "
+                               "workers between the two.")
+            if self.trainer.strategy != "horovod":
+                raise JobError(f"--strategy {self.trainer.strategy} cannot go on when a worker fails "
+                               "(torch's process groups do not re-form in process). HINT: use --strategy "
+                               "horovod with --min-np/--max-np.")
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
@@ -168,7 +192,7 @@ def check_snapshot_dir(job: TrainJob) -> None:
 def launch_job(job: TrainJob) -> int:
     """Run ``job`` on ``job.nproc`` ranks; returns 0, or raises an ``input_errors()`` type for bad input."""
     check_snapshot_dir(job)
-    if job.nproc == 1:
+    if job.nproc == 1 and not job.elastic:
         run_job(job)
         return 0
     from ringtrain.launch.config import LaunchConfig
@@ -182,7 +206,8 @@ def launch_job(job: TrainJob) -> int:
         errors.mkdir()
         command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
                    "--error-dir", str(errors))
-        code = launch(LaunchConfig(command=command, num_proc=job.nproc))
+        code = launch(LaunchConfig(command=command, num_proc=job.nproc, min_np=job.min_np, max_np=job.max_np,
+                                   host_discovery_script=job.host_discovery_script))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
             raise JobError(messages[0].read_text().strip())
