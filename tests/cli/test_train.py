@@ -176,5 +176,5 @@ def test_the_flags_are_frozen():
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
         "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
-        "--no-progress",
+        "--no-progress", "--min-np", "--max-np", "--host-discovery-script",
     }
