@@ -140,3 +140,23 @@ def test_stopping_the_driver_leaves_no_worker(tmp_path, cleanup, sig):
     code = job.finish()
     assert code == (128 + sig if sig == signal.SIGTERM else -sig)
     assert_no_worker_left(job)
+
+
+def test_a_host_dropped_by_discovery_leaves_at_the_next_commit(tmp_path, cleanup):
+    job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"], ["-np", "2", "--min-np", "1", "--max-np", "2"],
+                     ["--pause-at-size", "2"])
+    cleanup(job)
+    job.wait_for_file("paused.json")
+    job.set_hosts(["localhost:1"])
+    job.wait_for_line("hosts removed; the group re-forms at the next commit")
+    (job.out / "resume").touch()
+    code = job.finish()
+    output = job.text()
+    assert code == 0, output
+    assert "hosts changed (slots gone 127.0.0.1[0])" in output
+    assert "generation 2: 1 worker(s) on localhost[0]" in output
+    assert "worker w2 has no place in generation 2" in output  # it exits 0, no traceback
+    assert "Traceback" not in output
+    assert "failed:" not in output
+    job.assert_every_sample_once(epochs=2)
+    assert json.loads((job.out / "result.json").read_text())["size"] == 1

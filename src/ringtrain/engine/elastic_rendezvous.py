@@ -28,6 +28,7 @@ Keys, all in the driver's job store (the layout is this module's, the driver use
     elastic/current                    the newest generation published (decimal)
     elastic/gen/<g>/assignment         its Assignment (JSON)
     elastic/gen/<g>/abort              set when generation g broke: the reason
+    elastic/gen/<g>/joined/<worker>    the worker reached hvd.init() and took its place in g
     elastic/gen/<g>/left/<worker>      the worker left g and waits for the next generation
     elastic/gen/<g>/left               how many workers left g (a counter the driver polls)
     elastic/gen/<g>/engine/...         the engine's own keys for generation g
@@ -77,6 +78,10 @@ def abort_key(generation: int) -> str:
 
 def left_key(generation: int, worker: str) -> str:
     return f"elastic/gen/{generation}/left/{worker}"
+
+
+def joined_key(generation: int, worker: str) -> str:
+    return f"elastic/gen/{generation}/joined/{worker}"
 
 
 def left_count_key(generation: int) -> str:
@@ -253,6 +258,7 @@ class WorkerClient:
                 f"(its host was removed or blacklisted, or the group is at --max-np); it exits.", 0)
         self.updates_seen = assignment.updates
         self.rank = slot.rank
+        self.store.set(joined_key(assignment.generation, self.worker), "1")
         os.environ.update(slot.horovod_variables())
         base = GenerationStore(self.store, assignment.generation, timeout_s)
         self._stores.append(base)
@@ -370,4 +376,4 @@ def remove_listener(callback: Callable[[float, int], None]) -> None:
 __all__ = ["CURRENT", "ENV_GENERATION", "ENV_WORKER", "POLL_SECONDS", "STOP", "Assignment", "GenerationStore",
            "Slot", "WorkerClient",
            "abort_key", "add_listener", "alive_key", "assignment_key", "enabled", "engine_prefix", "join",
-           "left_count_key", "left_key", "remove_listener", "update_key"]
+           "joined_key", "left_count_key", "left_key", "remove_listener", "update_key"]

@@ -65,6 +65,8 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 SHUTDOWN_GRACE = 15.0
 #: ssh keep-alives: a remote host that stops answering ends its workers' sessions after ~15 s.
 SSH_ALIVE_OPTIONS = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+#: ssh's exit code when it could not connect or run the command.
+SSH_FAILED = 255
 _TICK = 0.05
 #: Variables of an enclosing launcher that must not leak into workers (their rank comes from us).
 _FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -206,6 +208,8 @@ class ElasticDriver:
         self.left: set[str] = set()
         self.left_count = 0
         self.broken_since: float | None = None
+        self.formed_at = 0.0
+        self.joined: set[str] = set()
         self.failed_hosts: set[str] = set()
         self.resets = 0
         self.updates = 0
@@ -314,12 +318,16 @@ class ElasticDriver:
                               output_tail="".join(worker.tail))
         self.failures.append(failure)
         reached = self.store.check([rdzv.alive_key(worker.wid)])
-        what = failure.status() if reached or code != UNREACHABLE_EXIT else "could not reach the job store"
+        what = failure.status()
+        if not reached and code == UNREACHABLE_EXIT:
+            what = "it could not reach the job store from its host"
+        elif not reached and worker.remote and code == SSH_FAILED:
+            what = f"ssh could not start it ({(worker.tail or ['no output'])[-1].strip()})"
         log(f"worker {worker.wid} (rank {rank} on {worker.host}) failed: {what}")
-        if not reached:
-            self.registry.record_unreachable(worker.host,
-                                             f"worker {worker.wid} could not start there ({what})")
-            log(f"host {worker.host} is blacklisted: no worker could start there")
+        if not reached and code in (UNREACHABLE_EXIT, SSH_FAILED):
+            # The host cannot run workers at all: no second try.
+            self.registry.record_unreachable(worker.host, f"worker {worker.wid}: {what}")
+            log(f"host {worker.host} is blacklisted: no worker can start there")
         elif worker.host not in self.failed_hosts:
             self.failed_hosts.add(worker.host)
             if self.registry.record_failure(worker.host, f"worker {worker.wid}: {what}"):
@@ -421,6 +429,8 @@ class ElasticDriver:
         self.left = set()
         self.left_count = 0
         self.broken_since = None
+        self.formed_at = time.monotonic()
+        self.joined = set()
         self.failed_hosts = set()
         self.waiting_since = None
         self.notified = None
@@ -452,6 +462,7 @@ class ElasticDriver:
                       else f"worker {sorted(self.left)[0]} left generation {g}")
             self.store.set(rdzv.abort_key(g), reason)
         if self.broken_since is None:
+            self._check_joined()
             self._check_host_updates()
             return None
         if waiting:
@@ -478,6 +489,20 @@ class ElasticDriver:
             log(f"generation {g} ends: its {len(self.survivors)} worker(s) re-form the group for the changed "
                 f"hosts (reset {self.resets}{limit})")
         return None
+
+    def _check_joined(self) -> None:
+        """A member that never reaches ``hvd.init()`` would hold the others forever: bounded here."""
+        assert self.assignment is not None
+        missing = [wid for wid in self.assignment.workers if wid not in self.joined]
+        for wid in missing:
+            if self.store.check([rdzv.joined_key(self.generation, wid)]):
+                self.joined.add(wid)
+            elif time.monotonic() - self.formed_at > self.settings.timeout + self.config.start_timeout:
+                log(f"worker {wid} did not reach hvd.init() within --start-timeout + --elastic-timeout "
+                    f"({self.config.start_timeout:g} + {self.settings.timeout:g} s) of generation "
+                    f"{self.generation}; killing it")
+                self.workers[wid].kill()
+                self.joined.add(wid)  # its exit is a failure like any other
 
     def _check_host_updates(self) -> None:
         """Publish a host update when the usable hosts would change the running generation."""

@@ -14,7 +14,7 @@ from ringtrain.engine.background import Engine
 from ringtrain.engine.requests import OpType
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import rendezvous
-from ringtrain.exceptions import SettingError
+from ringtrain.exceptions import ElasticWorkerExit, SettingError
 from ringtrain.ops.requests import control_op, synchronize
 from ringtrain.process_sets import ProcessSet, global_process_set, register_static
 
@@ -54,7 +54,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     settings = Settings.from_environ()
     try:
         world, engine = _start_engine(settings, static)
-    except ValueError:
+    except (ValueError, ElasticWorkerExit):
         raise
     except Exception as exc:
         raise ValueError(f"Horovod initialization failed: {type(exc).__name__}: {exc}") from exc
