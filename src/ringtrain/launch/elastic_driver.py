@@ -352,7 +352,7 @@ class ElasticDriver:
                    if k not in _FOREIGN and not k.startswith("TORCHELASTIC_")}
             env.update(ours)
             env[ENV_SECRET] = self.secret
-            worker = Worker(wid, host, slot.local_rank, argv, env, False, self.secret, self.lock)
+            worker = self._spawn(wid, host, slot.local_rank, argv, env, False)
         else:
             forwarded = forwarded_environment(self.environ, {**ours, ENV_SECRET_ON_STDIN: "1"})
             for name in (ENV_SECRET, *_FOREIGN):
@@ -363,8 +363,17 @@ class ElasticDriver:
             cmd = [cmd[0], *SSH_ALIVE_OPTIONS, *cmd[1:]]
             if self.config.verbose:
                 log(f"worker {wid} on {host}: {' '.join(cmd)}")
-            worker = Worker(wid, host, slot.local_rank, cmd, None, True, self.secret, self.lock)
+            worker = self._spawn(wid, host, slot.local_rank, cmd, None, True)
         self.workers[wid] = worker
+
+    def _spawn(self, wid: str, host: str, local_rank: int, argv: list[str], env: dict[str, str] | None,
+               remote: bool) -> Worker:
+        try:
+            return Worker(wid, host, local_rank, argv, env, remote, self.secret, self.lock)
+        except OSError as exc:
+            raise UsageError(f"cannot start worker {wid} on {host}: {argv[0]}: {exc.strerror}. HINT: "
+                             f"{'install the ssh client' if remote else 'check the Python installation'} "
+                             "on this machine.") from None
 
     def _stop_workers(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
