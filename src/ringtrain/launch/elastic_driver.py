@@ -345,7 +345,11 @@ class ElasticDriver:
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
             rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), jobstore.ENV_ADDRESS: address,
         }
-        ours.update(worker_environment(self.config, self.environ, slot.local_size, local_only=False))
+        # Workers sharing this machine (two host names of it count as one machine) share its cores.
+        sharing = slot.local_size
+        if local and self.assignment is not None:
+            sharing = sum(1 for s in self.assignment.workers.values() if is_local_host(s.hostname))
+        ours.update(worker_environment(self.config, self.environ, sharing, local_only=False))
         argv = [sys.executable, "-u", "-m", "ringtrain.launch.elastic_worker", *self.config.command]
         if local:
             env = {k: v for k, v in self.environ.items()
