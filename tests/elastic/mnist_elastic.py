@@ -20,8 +20,9 @@ Two gates let a test act at a known point, waiting on a file instead of sleeping
 - ``--stall-host H --stall-after N --stall-count K``: a worker on host H (``HOROVOD_HOSTNAME``) that
   reaches its N-th commit writes ``stalled-<worker>.json`` (with its pid) and waits there for
   ``release-<worker>``; the test kills it meanwhile. At most K workers ever stall.
-- ``--pause-at-size N``: rank 0, at the first commit in a group of N workers, writes ``paused.json``
-  and waits for ``resume`` (the test changes the hosts meanwhile). It pauses once per job.
+- ``--pause-at-size N``: rank 0, just before its first commit in a group of N workers, writes
+  ``paused.json`` and waits for ``resume`` (the test changes the hosts meanwhile, and the commit then
+  sees the update). It pauses once per job.
 """
 
 from __future__ import annotations
@@ -101,6 +102,15 @@ def on_state_reset() -> None:
         group["lr"] = args.lr * hvd.size()
 
 
+def pause() -> None:
+    """The pause gate, just before a commit: a host update heard meanwhile interrupts that commit."""
+    if args.pause_at_size and hvd.rank() == 0 and hvd.size() == args.pause_at_size \
+            and not (out / "paused.json").exists():
+        write_json(out / "paused.json", {"pid": os.getpid(), "size": hvd.size()})
+        while not (out / "resume").exists():
+            time.sleep(0.05)
+
+
 def gates() -> None:
     """The test's hooks after each commit (see the module docstring)."""
     global commits
@@ -112,11 +122,6 @@ def gates() -> None:
             and commits == args.stall_after and len(list(out.glob("stalled-*.json"))) < args.stall_count):
         write_json(out / f"stalled-{worker}.json", {"pid": os.getpid(), "worker": worker})
         while not (out / f"release-{worker}").exists():
-            time.sleep(0.05)
-    if args.pause_at_size and hvd.rank() == 0 and hvd.size() == args.pause_at_size \
-            and not (out / "paused.json").exists():
-        write_json(out / "paused.json", {"pid": os.getpid(), "size": hvd.size()})
-        while not (out / "resume").exists():
             time.sleep(0.05)
 
 
@@ -134,6 +139,7 @@ def train(state: hvd.elastic.TorchState) -> None:
             state.sampler.record_batch(batch_idx, args.batch_size)
             state.batch += 1
             if state.batch % args.commit_every == 0:
+                pause()
                 state.commit()
                 gates()
         if hvd.rank() == 0:

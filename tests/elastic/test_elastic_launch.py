@@ -71,7 +71,8 @@ def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, cleanup):
 
 def test_a_host_failing_twice_is_blacklisted_and_min_np_ends_the_job_after_the_timeout(tmp_path, cleanup):
     job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"],
-                     ["-np", "2", "--min-np", "2", "--max-np", "2", "--elastic-timeout", "3"],
+                     ["-np", "2", "--min-np", "2", "--max-np", "2", "--elastic-timeout", "3",
+                      "--start-timeout", "120"],
                      ["--stall-host", "127.0.0.1", "--stall-after", "3", "--stall-count", "2"])
     cleanup(job)
     job.kill_stalled("w2")

@@ -164,3 +164,17 @@ def test_host_updates_newer_than_the_generation_reach_the_listeners(driver, clie
     assert arrived.wait(60)
     assert got == [(20.0, 1)]
     client.remove_listener(listener)
+
+
+def test_updates_heard_while_re_forming_stay_pending_until_a_generation_includes_them(driver, client):
+    publish(driver, 1, TWO)
+    client.join(30.0)
+    arrived = threading.Event()
+    client.add_listener(lambda timestamp, result: arrived.set())
+    driver.set(rdzv.update_key(1), json.dumps({"timestamp": 30.0, "result": 2}))
+    assert arrived.wait(60)
+    assert client.pending_updates() == [(30.0, 2)]  # State.on_reset puts these back after a reset
+    thread, out = in_thread(lambda: client.join(30.0))
+    publish(driver, 2, TWO, updates=1)  # generation 2 was formed with update 1 in it
+    finish(thread, out)
+    assert client.pending_updates() == []

@@ -18,6 +18,7 @@ import torch
 
 from ringtrain import mpi_ops
 from ringtrain.elastic.sampler import ElasticSampler
+from ringtrain.engine import elastic_rendezvous
 from ringtrain.exceptions import HostsUpdatedInterrupt
 from ringtrain.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
@@ -51,6 +52,9 @@ class State:
     def on_reset(self) -> None:
         """Called after the world was re-initialized."""
         self._host_messages = queue.Queue()
+        # Updates the new group does not include yet (heard while re-initializing) still count.
+        for timestamp, result in elastic_rendezvous.pending_updates():
+            self._host_messages.put((timestamp, HostUpdateResult(result)))
         self.reset()
         for callback in self._reset_callbacks:
             callback()

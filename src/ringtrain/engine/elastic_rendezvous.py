@@ -236,6 +236,8 @@ class WorkerClient:
         # Every generation's store stays referenced: C++ (PrefixStore, gloo) does not keep it alive.
         self._stores: list[GenerationStore] = []
         self._listeners: list[Callable[[float, int], None]] = []
+        #: Every host update heard so far: (number, timestamp, result).
+        self._updates: list[tuple[int, float, int]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -297,6 +299,11 @@ class WorkerClient:
             if callback in self._listeners:
                 self._listeners.remove(callback)
 
+    def pending_updates(self) -> list[tuple[float, int]]:
+        """Updates heard that the current generation does not include yet: ``(timestamp, result)``."""
+        with self._lock:
+            return [(ts, result) for number, ts, result in self._updates if number > self.updates_seen]
+
     def _listen(self) -> None:
         try:
             connection = self.store.clone()
@@ -314,6 +321,8 @@ class WorkerClient:
                 update = json.loads(connection.get(update_key(number)))
             except (JobStoreError, OSError, ValueError):
                 return
+            with self._lock:
+                self._updates.append((number, float(update["timestamp"]), int(update["result"])))
             if number > self.updates_seen:
                 with self._lock:
                     listeners = list(self._listeners)
@@ -367,6 +376,12 @@ def add_listener(callback: Callable[[float, int], None]) -> bool:
     return True
 
 
+def pending_updates() -> list[tuple[float, int]]:
+    """Host updates newer than the current generation (``State.on_reset`` keeps them: one that arrived
+    while this worker re-initialized must still interrupt the next commit)."""
+    return [] if _client is None else _client.pending_updates()
+
+
 def remove_listener(callback: Callable[[float, int], None]) -> None:
     """Stop calling ``callback``."""
     if _client is not None:
@@ -376,4 +391,4 @@ def remove_listener(callback: Callable[[float, int], None]) -> None:
 __all__ = ["CURRENT", "ENV_GENERATION", "ENV_WORKER", "POLL_SECONDS", "STOP", "Assignment", "GenerationStore",
            "Slot", "WorkerClient",
            "abort_key", "add_listener", "alive_key", "assignment_key", "enabled", "engine_prefix", "join",
-           "joined_key", "left_count_key", "left_key", "remove_listener", "update_key"]
+           "joined_key", "left_count_key", "left_key", "pending_updates", "remove_listener", "update_key"]
