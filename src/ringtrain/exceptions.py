@@ -20,7 +20,8 @@ The tree::
     │   └── RendezvousFailedError         the nodes could not meet: one gave up, went silent, or node 0 left
     └── RuntimeError
         ├── HorovodInternalError          a collective failed; elastic training restores and retries
-        └── HostsUpdatedInterrupt         the set of hosts changed; elastic training re-initializes
+        ├── HostsUpdatedInterrupt         the set of hosts changed; elastic training re-initializes
+        └── ElasticWorkerExit             the elastic driver ended this worker's part (removed, or job over)
 
 Horovod scripts import the last two from ``horovod.common.exceptions`` (the shim maps that module
 here). The others are also importable from the modules that raise them (``ringtrain.cli.errors``,
@@ -118,12 +119,26 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+class ElasticWorkerExit(RuntimeError):
+    """The elastic driver ended this worker's part in the job; ``exit_code`` is what the process returns.
+
+    0 when the re-formed group has no place for this worker (its host was removed, blacklisted or is
+    over ``--max-np``); 1 when the job is stopping (the message says why). ``hvd.elastic.run`` turns it
+    into a clean exit; elsewhere it propagates like any error.
+    """
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 __all__ = [
     "AuthenticationError",
     "ClusterEnvironmentError",
     "ControlPlaneError",
     "DamagedSnapshotError",
     "DataError",
+    "ElasticWorkerExit",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "JobError",

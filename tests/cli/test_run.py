@@ -331,6 +331,77 @@ def test_autotune_flags_warn_once_and_share_one_help_entry():
         assert flag in shown[0].help
 
 
+@pytest.mark.parametrize(("argv", "field", "value"), [
+    (["-np", "2", "--min-np", "1"], "min_np", 1),
+    (["-np", "2", "--min-num-proc", "1"], "min_np", 1),
+    (["-np", "2", "--max-np", "4"], "max_np", 4),
+    (["-np", "2", "--max_num_proc", "4"], "max_np", 4),
+    (["-np", "2", "--host-discovery-script", "./d.sh"], "host_discovery_script", "./d.sh"),
+    (["-np", "2", "--min-np", "1", "--slots-per-host", "4"], "slots_per_host", 4),
+    (["-np", "2", "--min-np", "1", "--slots", "4"], "slots_per_host", 4),
+    (["-np", "2", "--min-np", "1", "--elastic-timeout", "30"], "elastic_timeout", 30.0),
+    (["-np", "2", "--min-np", "1", "--reset-limit", "3"], "reset_limit", 3),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "10", "100"], "cooldown_range", (10, 100)),
+    (["--min-np", "3"], "num_proc", 3),  # -np defaults to --min-np, as horovodrun's min defaults to -np
+])
+def test_elastic_flags(argv, field, value):
+    config = parse([*argv, "python", "x.py"])
+    assert getattr(config, field) == value
+    assert config.elastic
+
+
+def test_elastic_flags_from_the_environment():
+    config = parse(["python", "x.py"], {"RINGTRAIN_MIN_NP": "1", "RINGTRAIN_NUM_PROC": "2",
+                                        "RINGTRAIN_COOLDOWN_RANGE": "5 50"})
+    assert (config.elastic, config.min_np, config.num_proc, config.cooldown_range) == (True, 1, 2, (5, 50))
+
+
+def test_without_elastic_flags_the_job_is_not_elastic_and_elastic_only_flags_warn():
+    assert not parse(["-np", "2", "python", "x.py"]).elastic
+    config = parse(["-np", "2", "--reset-limit", "2", "python", "x.py"])
+    assert not config.elastic
+    assert any("--reset-limit has no effect without --min-np" in note for note in config.notes)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--host-discovery-script", "d.sh", "python", "x.py"], "elastic mode needs -np"),
+    (["-np", "2", "--min-np", "3", "python", "x.py"], "-np 2 lies outside --min-np 3"),
+    (["-np", "2", "--min-np", "1", "--max-np", "1", "python", "x.py"], "-np 2 lies outside"),
+    (["-np", "2", "--min-np", "3", "--max-np", "2", "python", "x.py"], "--max-np 2 is below --min-np 3"),
+    (["-np", "2", "--min-np", "0", "python", "x.py"], "must be >= 1"),
+    (["-np", "2", "-H", "a:2", "--host-discovery-script", "d.sh", "python", "x.py"], "were both given"),
+    (["-np", "2", "--min-np", "1", "--max-restarts", "2", "python", "x.py"],
+     "--max-restarts cannot be combined"),
+    (["-np", "2", "--min-np", "1", "--nnodes", "2", "python", "x.py"], "--nnodes cannot be combined"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "0", "10", "python", "x.py"],
+     "--blacklist-cooldown-range 0 10 is not a range"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "20", "10", "python", "x.py"], "MIN <= MAX"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "9999", "python", "x.py"], "3600"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "a", "10", "python", "x.py"], "two whole"),
+])
+def test_bad_elastic_input_exits_2_with_a_message(argv, needle, capsys):
+    try:
+        code, err = run_cli(argv, capsys)
+    except SystemExit as exc:  # argparse errors
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2
+    assert needle in err
+
+
+def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours():
+    # --out, --log, --verb are prefixes of --output-filename, --log-level, --verbose
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_run_arguments(parser, environ={})
+    argv = ["-np", "2", "python", "x.py", "--out", "d", "--log", "--verb"]
+    config = config_from_args(parser.parse_args(argv))
+    assert config.command == ("python", "x.py", "--out", "d", "--log", "--verb")
+    assert config.output_filename is None
+    code = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "1", sys.executable, "-c",
+                           "import sys; assert sys.argv[1:] == ['--out', 'x']", "--out", "x"],
+                          capture_output=True, text=True, timeout=300)
+    assert code.returncode == 0, code.stderr
+
+
 #: The public flags of ``ringtrain run`` (dashed spellings); changing this set is a deliberate act.
 PUBLIC_FLAGS = {
     "-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
@@ -347,7 +418,10 @@ PUBLIC_FLAGS = {
     "--log-without-timestamp", "--tcp", "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend",
     "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
     "--no-horovod-shim", "-x", "--export", "-m", "--module", "--no-python", "--run-path", "--log-dir",
-    "--redirects", "--tee", "--local-addr", "--rdzv-conf",
+    "--redirects", "--tee", "--local-addr", "--rdzv-conf", "--min-np", "--min-num-proc", "--max-np",
+    "--max-num-proc",
+    "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
+    "--blacklist-cooldown-range",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}

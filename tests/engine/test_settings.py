@@ -148,7 +148,9 @@ def test_no_module_but_settings_reads_a_knob():
 #: for the facts of the launch in store.LAUNCH_FACTS, which are not knobs).
 _API = ("engine/", "elastic/", "mpi_ops.py", "optimizer.py", "functions.py", "compression.py",
         "process_sets.py", "sync_batch_norm.py", "ops/")
-_ENVIRON_READERS = {"engine/settings.py", "engine/store.py"}
+#: settings.py reads the knobs; store.py and elastic_rendezvous.py read (and the latter sets) the
+#: launcher's contract: who started this process and where this worker stands in an elastic job.
+_ENVIRON_READERS = {"engine/settings.py", "engine/store.py", "engine/elastic_rendezvous.py"}
 
 
 def test_engine_and_api_modules_do_not_read_the_environment():

@@ -47,6 +47,13 @@ EVERYTHING = LaunchConfig(
     rdzv_conf={"timeout": "60", "read_timeout": "30"},
     driver=DriverLink(node_slots=(4, 2), node_hosts=("node1", "node2")),
     notes=("--mpi accepted",),
+    min_np=2,
+    max_np=8,
+    slots_per_host=4,
+    host_discovery_script="./discover.sh --zone a",
+    elastic_timeout=30.5,
+    reset_limit=5,
+    cooldown_range=(10, 300),
 )
 
 

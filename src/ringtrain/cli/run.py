@@ -19,6 +19,7 @@ from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, non_negative, s
 from ringtrain.engine.settings import Knob, knobs
 from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.config import LaunchConfig
+from ringtrain.launch.elastic_hosts import check_cooldown_range
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 from ringtrain.launch.worker_entry import is_python
 
@@ -154,6 +155,31 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
             tuning.add_argument(*names, dest=spec.dest, action=EnvOption, environ=environ, type=kind,
                                 help=spec.help)
 
+    positive_int = _positive(int)
+    el = parser.add_argument_group("elastic options (horovodrun; any of the first three turns elastic on)")
+    el.add_argument(*spellings("--min-np", "--min-num-proc"), dest="min_np", action=EnvOption,
+                    environ=environ, type=positive_int, metavar="N",
+                    help="fewest workers to train with; below it the job waits up to --elastic-timeout "
+                         "(default -np)")
+    el.add_argument(*spellings("--max-np", "--max-num-proc"), dest="max_np", action=EnvOption,
+                    environ=environ, type=positive_int, metavar="N",
+                    help="most workers at once (default: every slot found)")
+    el.add_argument(*spellings("--host-discovery-script"), dest="host_discovery_script", action=EnvOption,
+                    environ=environ, metavar="SCRIPT",
+                    help="executable printing the available 'host[:slots]' lines; run every second")
+    el.add_argument(*spellings("--slots-per-host", "--slots"), dest="slots_per_host", action=EnvOption,
+                    environ=environ, type=positive_int, metavar="N",
+                    help="slots of a discovered host printed without ':slots'")
+    el.add_argument(*spellings("--elastic-timeout"), dest="elastic_timeout", action=EnvOption,
+                    environ=environ, type=nonneg_float, metavar="SECONDS",
+                    help="how long to wait for --min-np slots (default HOROVOD_ELASTIC_TIMEOUT or 600)")
+    el.add_argument(*spellings("--reset-limit"), dest="reset_limit", action=EnvOption, environ=environ,
+                    type=nonneg_int, metavar="N", help="most re-formations of the group before the job fails")
+    el.add_argument(*spellings("--blacklist-cooldown-range"), dest="cooldown_range", action=EnvOption,
+                    environ=environ, nargs=2, metavar=("MIN", "MAX"),
+                    help="seconds a failing host stays blacklisted: MIN, doubling up to MAX (default: "
+                         "for good)")
+
     tr = parser.add_argument_group("torchrun options")
     tr.add_argument(*spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
                     metavar="N|MIN:MAX", help="number of nodes")
@@ -200,6 +226,68 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                     metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
+
+
+def _positive(kind: type) -> Any:
+    """An argparse ``type`` that refuses values below one."""
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text} must be >= 1")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def parse_cooldown_range(value: Any) -> tuple[int, int]:
+    """``--blacklist-cooldown-range MIN MAX`` (or ``RINGTRAIN_COOLDOWN_RANGE="MIN MAX"``)."""
+    parts = value.split() if isinstance(value, str) else list(value)
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) != 2:
+        raise UsageError(f"--blacklist-cooldown-range {' '.join(map(str, parts))!r} is not two whole numbers "
+                         "of seconds. HINT: write e.g. --blacklist-cooldown-range 10 300.")
+    return check_cooldown_range(numbers)
+
+
+_ELASTIC_ONLY = ("slots_per_host", "elastic_timeout", "reset_limit", "cooldown_range")
+_NOT_WITH_ELASTIC = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                     "standalone", "master_addr", "master_port")
+
+
+def check_elastic_args(args: argparse.Namespace) -> int | None:
+    """Refuse what cannot go with elastic mode; returns the number of workers to start with."""
+    given = [name for name in _NOT_WITH_ELASTIC if getattr(args, name) not in (None, False)]
+    if args.max_restarts:
+        given.append("max_restarts")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"{flags} cannot be combined with elastic mode (--min-np/--max-np/"
+                         "--host-discovery-script): the elastic driver starts and re-forms the workers "
+                         "itself. HINT: drop the torchrun flags, or drop the elastic ones for torchrun's "
+                         "restarts.")
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise UsageError("--host-discovery-script and -H/--hostfile were both given. HINT: list the hosts in "
+                         "one place: the script's output, or -H for a fixed set of hosts.")
+    num_proc = args.num_proc if args.num_proc is not None else args.min_np
+    if num_proc is None:
+        raise UsageError("elastic mode needs -np (the workers to start with) or --min-np. HINT: add e.g. "
+                         "-np 2 --min-np 1.")
+    min_np = args.min_np if args.min_np is not None else num_proc
+    if args.max_np is not None and args.max_np < min_np:
+        raise UsageError(f"--max-np {args.max_np} is below --min-np {min_np}. HINT: give --max-np >= "
+                         "--min-np.")
+    if num_proc < min_np or (args.max_np is not None and num_proc > args.max_np):
+        raise UsageError(f"-np {num_proc} lies outside --min-np {min_np} .. --max-np "
+                         f"{args.max_np if args.max_np is not None else 'unbounded'}. HINT: start with a "
+                         "number of workers between the two.")
+    return num_proc
 
 
 def parse_nnodes(value: str) -> tuple[int, int]:
@@ -392,10 +480,22 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     for spec in TUNING_FLAGS:
         if getattr(args, spec.dest) is not None and "(accepted" in spec.help:
             notes.append(f"{spec.flag} accepted; it has no effect in ringtrain yet.")
+    elastic = args.min_np is not None or args.max_np is not None or args.host_discovery_script is not None
+    num_proc = args.num_proc
+    if elastic:
+        num_proc = check_elastic_args(args)
+        if args.output_filename:
+            notes.append("--output-filename has no effect in elastic mode yet: workers' output goes to this "
+                         "terminal only.")
+    else:
+        for name in _ELASTIC_ONLY:
+            if getattr(args, name) is not None:
+                notes.append(f"--{name.replace('_', '-').replace('cooldown', 'blacklist-cooldown')} has no "
+                             "effect without --min-np, --max-np or --host-discovery-script (elastic mode).")
     return LaunchConfig(
         notes=tuple(notes),
         command=command,
-        num_proc=args.num_proc,
+        num_proc=num_proc,
         hosts=hosts,
         ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file,
@@ -424,6 +524,13 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         tee=parse_streams("--tee", args.tee),
         local_addr=args.local_addr,
         rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
+        min_np=args.min_np,
+        max_np=args.max_np,
+        slots_per_host=args.slots_per_host,
+        host_discovery_script=args.host_discovery_script,
+        elastic_timeout=args.elastic_timeout,
+        reset_limit=args.reset_limit,
+        cooldown_range=parse_cooldown_range(args.cooldown_range) if args.cooldown_range is not None else None,
     )
 
 
@@ -441,6 +548,9 @@ def register(subparsers: Any) -> None:
         help="start a command on many processes and hosts (horovodrun / torchrun compatible)",
         description="Start COMMAND as -np ranks on this machine, on -H hosts over ssh, or inside a "
                     "Slurm/PBS allocation. Flags can also be set as RINGTRAIN_<FLAG> variables.",
+        # No prefix matching: the command's own options (``train.py --out x``) would otherwise be taken
+        # for abbreviations of ours (--output-filename) and refused as ambiguous.
+        allow_abbrev=False,
     )
     add_run_arguments(parser)
     parser.set_defaults(func=run_command)

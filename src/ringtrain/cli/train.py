@@ -49,8 +49,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--momentum", type=_float, help="SGD momentum (workload default)")
     run.add_argument(*spellings("--weight-decay"), type=_float, help="L2 penalty (workload default)")
     run.add_argument("--arch", help="model architecture of the workload (its default)")
-    run.add_argument("--strategy", choices=("ddp", "horovod"), default="ddp",
-                     help="DistributedDataParallel or ringtrain's Horovod DistributedOptimizer (ddp)")
+    run.add_argument("--strategy", choices=("ddp", "horovod"),
+                     help="DistributedDataParallel or ringtrain's Horovod DistributedOptimizer (ddp; horovod "
+                          "in elastic mode)")
     run.add_argument(*spellings("--fp16-allreduce"), action="store_true", help="send gradients as float16")
     run.add_argument(*spellings("--batches-per-allreduce"), type=_int, default=1,
                      help="micro-batches accumulated locally per allreduce and step (1)")
@@ -67,6 +68,14 @@ def register(subparsers: Any) -> None:
     run.add_argument("--threads", type=_int, help="torch threads per rank on CPU (cores / local ranks)")
     run.add_argument(*spellings("--num-workers"), type=_int, default=0,
                      help="DataLoader workers per rank (0)")
+    el = p.add_argument_group("elastic (Horovod elastic: a failed worker costs the work since the last "
+                              "commit, not the job; needs --strategy horovod)")
+    el.add_argument(*spellings("--min-np"), type=_int, help="fewest workers to go on with (default -np)")
+    el.add_argument(*spellings("--max-np"), type=_int,
+                    help="most workers at once (default: every slot found)")
+    el.add_argument(*spellings("--host-discovery-script"),
+                    help="executable printing the available 'host:slots' lines (default: this machine, "
+                         "-np slots)")
     data = p.add_argument_group("data")
     data.add_argument(*spellings("--data-dir"),
                       help="folder holding the dataset files (default: built-in or cache)")
@@ -98,11 +107,16 @@ def register(subparsers: Any) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Build the job from the flags and run it."""
+    from ringtrain.engine import elastic_rendezvous
     from ringtrain.train.config import TrainerConfig
     from ringtrain.train.job import TrainJob, input_errors, launch_job
     from ringtrain.workloads import get_workload
 
     defaults = get_workload(args.workload).defaults
+    # Elastic: asked for here, or this is a worker of `ringtrain run --min-np ... ringtrain train ...`.
+    elastic = (args.min_np is not None or args.max_np is not None or args.host_discovery_script is not None
+               or elastic_rendezvous.enabled())
+    strategy = args.strategy or ("horovod" if elastic else "ddp")
     if args.save_every is not None and args.save_every < 1:
         raise UsageError(f"--save-every {args.save_every} must be at least 1 (epochs between snapshots). "
                          "HINT: use --save-every 1, or leave it out for no snapshots.")
@@ -118,18 +132,19 @@ def run_train(args: argparse.Namespace) -> int:
         config = TrainerConfig(
             epochs=args.epochs if args.epochs is not None else defaults.epochs,
             batch_size=args.batch_size if args.batch_size is not None else defaults.batch_size,
-            strategy=args.strategy, fp16_allreduce=args.fp16_allreduce,
+            strategy=strategy, fp16_allreduce=args.fp16_allreduce,
             batches_per_allreduce=args.batches_per_allreduce, amp=args.amp, scale_lr=args.scale_lr,
             warmup_epochs=args.warmup_epochs, seed=args.seed, save_every=save_every,
             save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,
             resume=args.resume, eval_every=args.eval_every, threads=args.threads,
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
-            max_steps_per_epoch=args.max_steps_per_epoch)
+            max_steps_per_epoch=args.max_steps_per_epoch, elastic=True if elastic else None)
         job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
                        download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, results_json=args.results_json,
-                       max_restarts=args.max_restarts)
+                       max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
+                       host_discovery_script=args.host_discovery_script)
         return launch_job(job)
     except input_errors() as exc:
         raise UsageError(str(exc)) from None

@@ -18,6 +18,7 @@ import torch
 
 from ringtrain import mpi_ops
 from ringtrain.elastic.sampler import ElasticSampler
+from ringtrain.engine import elastic_rendezvous
 from ringtrain.exceptions import HostsUpdatedInterrupt
 from ringtrain.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
@@ -51,6 +52,9 @@ class State:
     def on_reset(self) -> None:
         """Called after the world was re-initialized."""
         self._host_messages = queue.Queue()
+        # Updates the new group does not include yet (heard while re-initializing) still count.
+        for timestamp, result in elastic_rendezvous.pending_updates():
+            self._host_messages.put((timestamp, HostUpdateResult(result)))
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -247,6 +251,12 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self) -> None:
+        """After a re-initialization: samplers re-read rank and size (a reset that skips the sync too)."""
+        for handler in self._handlers.values():
+            if isinstance(handler.value, ElasticSampler):
+                handler.value.reset()
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

@@ -611,6 +611,11 @@ class JobStore(dist.Store):
         """One round trip (raises when the server is gone)."""
         self._call(_PING, [])
 
+    @property
+    def secret(self) -> str | None:
+        """The job's secret this connection proved (None: an unauthenticated job)."""
+        return self._secret
+
     def clone(self) -> JobStore:
         """A second, independent connection to the same store."""
         return JobStore(self.address, self._secret, self.timeout)

@@ -89,6 +89,25 @@ class LaunchConfig:
     """Set on the agents a multi-host driver starts (see :class:`DriverLink`)."""
     notes: tuple[str, ...] = ()
     """Warnings about flags that were accepted but change nothing here; printed by ``launch``."""
+    min_np: int | None = None
+    """Elastic: fewest workers to go on with (horovodrun's --min-np; default -np)."""
+    max_np: int | None = None
+    """Elastic: most workers ever started at once (--max-np; default unbounded)."""
+    slots_per_host: int | None = None
+    """Elastic: slots of a discovered host printed without ``:slots`` (--slots-per-host)."""
+    host_discovery_script: str | None = None
+    """Elastic: command printing the available ``host[:slots]`` lines, run every second."""
+    elastic_timeout: float | None = None
+    """Elastic: seconds to wait for --min-np slots (None: HOROVOD_ELASTIC_TIMEOUT, else 600)."""
+    reset_limit: int | None = None
+    """Elastic: most re-formations of the group before the job fails (None: no limit)."""
+    cooldown_range: tuple[int, int] | None = None
+    """Elastic: blacklist cooldown bounds in seconds (None: a blacklisted host never comes back)."""
+
+    @property
+    def elastic(self) -> bool:
+        """Horovod elastic mode: --min-np, --max-np or --host-discovery-script was given."""
+        return self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
 
     @property
     def worker_env(self) -> dict[str, str]:

@@ -113,6 +113,11 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
     if config.log_dir:
         check_log_dir(config.log_dir)
     check_worker_settings(config, environ)
+    if config.elastic:
+        from ringtrain.launch.elastic_driver import launch_elastic
+
+        check_command(config.command, config.no_python)
+        return launch_elastic(config, environ)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)

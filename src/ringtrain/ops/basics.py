@@ -4,16 +4,17 @@ synchronization points that carry no data (barrier, join)."""
 from __future__ import annotations
 
 import atexit
+import sys
 from typing import Any
 
 import torch
 
-from ringtrain.engine import state
+from ringtrain.engine import elastic_rendezvous, state
 from ringtrain.engine.background import Engine
 from ringtrain.engine.requests import OpType
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import rendezvous
-from ringtrain.exceptions import SettingError
+from ringtrain.exceptions import ElasticWorkerExit, SettingError
 from ringtrain.ops.requests import control_op, synchronize
 from ringtrain.process_sets import ProcessSet, global_process_set, register_static
 
@@ -52,10 +53,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         static = list(process_sets)
     settings = Settings.from_environ()
     try:
-        world = rendezvous(settings.gloo_timeout_s, settings.gloo_socket_ifname, settings.handshake_timeout_s)
-        register_static(static, world.size)
-        engine = Engine(world, settings, [ps.ranks for ps in static])
-    except ValueError:
+        world, engine = _start_engine(settings, static)
+    except (ValueError, ElasticWorkerExit):
         raise
     except Exception as exc:
         raise ValueError(f"Horovod initialization failed: {type(exc).__name__}: {exc}") from exc
@@ -78,6 +77,32 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
+
+
+def _start_engine(settings: Settings, static: list[ProcessSet]) -> tuple[Any, Engine]:
+    """Rendezvous and build the engine's groups.
+
+    An elastic worker whose generation breaks while forming (a peer died, the driver abandoned it)
+    leaves it and joins the next one the driver publishes; anything else is raised.
+    """
+    while True:
+        if elastic_rendezvous.enabled():
+            # Started by ringtrain's elastic driver: rank, size and the key namespace come from the
+            # driver's current generation, not from RANK / WORLD_SIZE variables.
+            world = elastic_rendezvous.join(settings.gloo_timeout_s)
+        else:
+            world = rendezvous(settings.gloo_timeout_s, settings.gloo_socket_ifname,
+                               settings.handshake_timeout_s)
+        try:
+            register_static(static, world.size)
+            return world, Engine(world, settings, [ps.ranks for ps in static])
+        except ValueError:
+            raise
+        except Exception as exc:
+            if not elastic_rendezvous.enabled():
+                raise
+            print(f"ringtrain elastic: the group of {world.size} could not form ({type(exc).__name__}: "
+                  f"{exc}); waiting for the driver's next generation", file=sys.stderr, flush=True)
 
 
 def shutdown() -> None:

@@ -49,7 +49,8 @@ class TrainerConfig:
     save_every: int | None = None
     """Write a snapshot every this many epochs (and after the last one); None: no epoch snapshots."""
     save_every_steps: int | None = None
-    """Also write a snapshot every this many optimizer steps; None: only at epoch ends."""
+    """Also write a snapshot every this many optimizer steps; None: only at epoch ends. In elastic mode
+    also an in-memory commit (with ``elastic=True`` it may be given without ``snapshot_dir``)."""
     snapshot_dir: str | None = None
     """Folder of the snapshots; the latest complete one there is resumed on start."""
     keep_last: int = 3
@@ -70,6 +71,10 @@ class TrainerConfig:
     """``"cpu"`` or ``"cuda"``; None: CUDA when available."""
     max_steps_per_epoch: int | None = None
     """Stop each epoch after this many optimizer steps (quick trials); None: the whole epoch."""
+    elastic: bool | None = None
+    """Go on in process when workers fail or hosts change (Horovod elastic; strategy ``horovod``),
+    committing at every epoch end and ``save_every_steps`` point. None: on when started by ringtrain
+    run's elastic mode (--min-np/--max-np/--host-discovery-script)."""
 
     def __post_init__(self) -> None:
         _positive_int("epochs", self.epochs, 3)
@@ -96,11 +101,19 @@ class TrainerConfig:
             raise ValueError(f"warmup_epochs={self.warmup_epochs} has no effect without scale_lr=True: the "
                              "warm-up ramps to the scaled learning rate. HINT: set scale_lr=True, or "
                              "warmup_epochs=0.")
-        if (self.save_every or self.save_every_steps) and not self.snapshot_dir:
+        commits_only = self.elastic and self.save_every_steps and not self.save_every
+        if (self.save_every or self.save_every_steps) and not self.snapshot_dir and not commits_only:
             raise ValueError("save_every / save_every_steps is set but snapshot_dir is not, so snapshots "
                              "would have nowhere to go. HINT: pass snapshot_dir='snapshots' (any folder).")
         if self.device not in (None, "cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is not known. HINT: use 'cpu', 'cuda' or None (auto).")
+        if self.elastic not in (None, True, False):
+            raise ValueError(f"elastic={self.elastic!r} must be True, False or None (auto). HINT: use "
+                             "elastic=True.")
+        if self.elastic and self.strategy != "horovod":
+            raise ValueError(f"elastic=True needs strategy='horovod', not {self.strategy!r}: torch's process "
+                             "groups do not re-form in process. HINT: pass strategy='horovod' "
+                             "(--strategy horovod).")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a whole number >= 0. HINT: use e.g. seed=0.")
 

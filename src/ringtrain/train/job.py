@@ -59,6 +59,17 @@ class TrainJob:
     """Rank 0 writes the per-epoch results here as JSON (a metric that was not measured is ``null``)."""
     max_restarts: int = 0
     """Restart every rank up to this many times when one fails (``ringtrain run --max-restarts``)."""
+    min_np: int | None = None
+    """Elastic (with max_np / host_discovery_script): fewest workers to go on with."""
+    max_np: int | None = None
+    """Elastic: most workers at once."""
+    host_discovery_script: str | None = None
+    """Elastic: command printing the available ``host[:slots]`` lines (default: this machine, nproc slots)."""
+
+    @property
+    def elastic(self) -> bool:
+        """Run under ringtrain run's elastic driver (Horovod elastic, in process)."""
+        return self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -66,6 +77,24 @@ class TrainJob:
         if self.max_restarts < 0:
             raise JobError(f"--max-restarts {self.max_restarts} must be at least 0. HINT: use e.g. "
                            "--max-restarts 3, or 0 for no restart.")
+        if self.elastic:
+            low, high = self.min_np or 1, self.max_np
+            if self.min_np is not None and self.min_np < 1 or high is not None and high < low:
+                raise JobError(f"--min-np {self.min_np} / --max-np {self.max_np} is not a range of worker "
+                               "counts with 1 <= MIN <= MAX. HINT: write e.g. --min-np 1 --max-np 4.")
+            if self.nproc < low or (high is not None and self.nproc > high):
+                raise JobError(f"-np {self.nproc} lies outside --min-np {low} .. --max-np "
+                               f"{high if high is not None else 'unbounded'}. HINT: start with a number of "
+                               "workers between the two.")
+            if self.trainer.strategy != "horovod":
+                raise JobError(f"--strategy {self.trainer.strategy} cannot go on when a worker fails "
+                               "(torch's process groups do not re-form in process). HINT: use --strategy "
+                               "horovod with --min-np/--max-np.")
+            if self.max_restarts:
+                raise JobError(f"--max-restarts {self.max_restarts} cannot be combined with --min-np/"
+                               "--max-np/--host-discovery-script: the elastic driver replaces failed workers "
+                               "itself. "
+                               "HINT: drop --max-restarts, or drop the elastic flags for whole-job restarts.")
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
@@ -275,7 +304,7 @@ def launch_job(job: TrainJob) -> int:
 
 
 def _launch(job: TrainJob) -> int:
-    if job.nproc == 1:
+    if job.nproc == 1 and not job.elastic:
         run_job(job)
         return 0
     from ringtrain.launch.config import LaunchConfig
@@ -291,7 +320,9 @@ def _launch(job: TrainJob) -> int:
         errors.mkdir()
         command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
                    "--error-dir", str(errors))
-        code = launch(LaunchConfig(command=command, num_proc=job.nproc, max_restarts=job.max_restarts))
+        code = launch(LaunchConfig(command=command, num_proc=job.nproc, max_restarts=job.max_restarts,
+                                   min_np=job.min_np, max_np=job.max_np,
+                                   host_discovery_script=job.host_discovery_script))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
             raise JobError(messages[0].read_text().strip())

@@ -49,8 +49,11 @@ class Strategy(ABC):
     name = "base"
 
     def __init__(self, device: str | None = None, fp16_allreduce: bool = False,
-                 batches_per_allreduce: int = 1) -> None:
+                 batches_per_allreduce: int = 1, elastic: bool = False) -> None:
         self.requested_device = device
+        #: The Trainer runs inside ``hvd.elastic.run``: the first sync spreads rank 0's state instead of
+        #: ``prepare`` (a worker joining a running group must not call collectives the others don't).
+        self.elastic = elastic
         self.fp16_allreduce = fp16_allreduce
         self.batches_per_allreduce = batches_per_allreduce
         self.rank = 0
@@ -218,9 +221,15 @@ class HorovodStrategy(Strategy):
         wrapped = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                        compression=compression,
                                        backward_passes_per_step=self.batches_per_allreduce)
-        broadcast_parameters(model.state_dict(), root_rank=0)
-        broadcast_optimizer_state(wrapped, root_rank=0)
+        if not self.elastic:
+            broadcast_parameters(model.state_dict(), root_rank=0)
+            broadcast_optimizer_state(wrapped, root_rank=0)
         return model, wrapped
+
+    def refresh(self) -> None:
+        """Read rank and size again after an elastic reset (the device stays: local rank is fixed)."""
+        self.rank, self.world_size = self._hvd.rank(), self._hvd.size()
+        self.local_world_size = self._hvd.local_size()
 
     def step(self, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
         if scaler is None:
@@ -250,10 +259,15 @@ STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "horovod": HorovodS
 
 
 def make_strategy(name: str, device: str | None = None, fp16_allreduce: bool = False,
-                  batches_per_allreduce: int = 1) -> Strategy:
-    """A strategy by name, not yet set up."""
+                  batches_per_allreduce: int = 1, elastic: bool = False) -> Strategy:
+    """A strategy by name, not yet set up (``elastic``: only ``horovod`` can re-form in process)."""
     try:
         cls = STRATEGIES[name]
     except KeyError:
         raise ValueError(f"strategy={name!r} is not known. HINT: use one of {sorted(STRATEGIES)}.") from None
-    return cls(device=device, fp16_allreduce=fp16_allreduce, batches_per_allreduce=batches_per_allreduce)
+    if elastic and cls is not HorovodStrategy:
+        raise ValueError(f"strategy={name!r} cannot go on after a worker fails: torch's process groups do "
+                         "not re-form in process. HINT: use strategy='horovod' (--strategy horovod) for "
+                         "elastic training.")
+    return cls(device=device, fp16_allreduce=fp16_allreduce, batches_per_allreduce=batches_per_allreduce,
+               elastic=elastic)

@@ -2,7 +2,9 @@
 
 ``Trainer(model, optimizer, loss_fn, train_data, eval_data, config).train()`` joins the job (DDP or
 Horovod strategy), shards the data, resumes the latest snapshot, trains and evaluates every epoch,
-and returns one ``EpochResult`` per epoch, identical on every rank.
+and returns one ``EpochResult`` per epoch, identical on every rank. In elastic mode (Horovod
+strategy, started by ``ringtrain run --min-np/--max-np``) the epochs run inside ``hvd.elastic.run``
+and a failed worker costs the work since the last commit, not the job (:mod:`ringtrain.train.elastic`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ringtrain.engine import elastic_rendezvous
 from ringtrain.train import rng
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
@@ -53,8 +56,10 @@ class Trainer:
             raise ValueError("both a scheduler and warmup_epochs were given; only one can drive the learning "
                              "rate. HINT: drop warmup_epochs, or fold the warm-up into your scheduler.")
         init_logger()
+        #: Elastic mode: asked for, or (by default) when started by ringtrain run's elastic driver.
+        self.elastic = config.elastic if config.elastic is not None else elastic_rendezvous.enabled()
         self.strategy: Strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
-                                                config.batches_per_allreduce)
+                                                config.batches_per_allreduce, elastic=self.elastic)
         self.strategy.setup()
         s = self.strategy
         self.out = RankZero(s.rank)
@@ -65,14 +70,12 @@ class Trainer:
         self.model = model.to(s.device)
         self.loss_fn = loss_fn
         self.fingerprint = model_fingerprint(model)
-        self.train_loader = ShardedLoader(train_data, config.batch_size, s.world_size, s.rank, shuffle=True,
-                                          seed=config.seed, num_workers=config.num_workers,
-                                          pin_memory=s.device.type == "cuda")
-        self.eval_loader = None if eval_data is None else ShardedLoader(
-            eval_data, config.batch_size, s.world_size, s.rank, shuffle=False, seed=config.seed,
-            num_workers=config.num_workers, pin_memory=s.device.type == "cuda")
+        self._data = (train_data, eval_data)
+        self._shard()
 
         self.lr_factor = float(s.world_size * config.batches_per_allreduce) if config.scale_lr else 1.0
+        self._lr_world = s.world_size
+        """The world size the optimizer's learning rate is scaled for."""
         if self.lr_factor != 1.0:
             scale_learning_rate(optimizer, self.lr_factor)
         self.train_model, self.optimizer = s.prepare(self.model, optimizer)
@@ -100,7 +103,19 @@ class Trainer:
         self._epoch_totals = MetricTotals()
         """This rank's training totals of the current epoch (restored with a mid-epoch snapshot)."""
         self.resumed_from: Path | None = None
+        self._elastic_state: Any = None
+        """The ``TrainerState`` that commits, in elastic mode while training."""
 
+    def _shard(self) -> None:
+        """This rank's loaders for the current world (again after an elastic reset)."""
+        c, s = self.config, self.strategy
+        train_data, eval_data = self._data
+        self.train_loader = ShardedLoader(train_data, c.batch_size, s.world_size, s.rank, shuffle=True,
+                                          seed=c.seed, num_workers=c.num_workers,
+                                          pin_memory=s.device.type == "cuda")
+        self.eval_loader = None if eval_data is None else ShardedLoader(
+            eval_data, c.batch_size, s.world_size, s.rank, shuffle=False, seed=c.seed,
+            num_workers=c.num_workers, pin_memory=s.device.type == "cuda")
     # --- sizes ------------------------------------------------------------------------------
 
     def steps_per_epoch(self) -> int:
@@ -128,18 +143,66 @@ class Trainer:
     def train(self) -> list[EpochResult]:
         """Resume if a snapshot exists, then train the remaining epochs; returns this run's epochs."""
         c = self.config
-        self.resume()
+        if not self.elastic or os.environ.get(elastic_rendezvous.ENV_GENERATION, "1") == "1":
+            # A worker that joins a running elastic group gets its state from rank 0's commit instead
+            # (resuming is collective: the running workers would not take part).
+            self.resume()
         self.out.print(self.describe())
         if self.resumed_from is not None:
             self.out.print(f"resumed from {self.resumed_from} (epoch {self.epoch + 1}, batch "
                            f"{self.batch_in_epoch}, step {self.step})")
+        if self.elastic:
+            return self._train_elastic()
         while self.epoch < c.epochs:
-            result = self._run_epoch(self.epoch)
-            self.history.append(result)
-            self.out.print(result.summary(c.epochs, c.task))
-            if self.metrics_log is not None:
-                self.metrics_log.write(result.as_row())
+            self._record(self._run_epoch(self.epoch))
         return self.history
+
+    def _train_elastic(self) -> list[EpochResult]:
+        from ringtrain import elastic
+        from ringtrain.train.elastic import TrainerState
+
+        self._elastic_state = state = TrainerState(self)
+
+        @elastic.run
+        def epochs(state: TrainerState) -> list[EpochResult]:
+            while self.epoch < self.config.epochs:
+                self._record(self._run_epoch(self.epoch))
+                state.commit()
+            return self.history
+
+        try:
+            return epochs(state)
+        finally:
+            self._elastic_state = None
+
+    def _record(self, result: EpochResult) -> None:
+        self.history.append(result)
+        self.out.print(result.summary(self.config.epochs, self.config.task))
+        if self.metrics_log is not None:
+            self.metrics_log.write(result.as_row())
+
+    # --- elastic resets ---------------------------------------------------------------------
+
+    def after_reset(self) -> None:
+        """The elastic group re-formed: take the new rank and size, re-shard, rescale the learning rate."""
+        s = self.strategy
+        s.refresh()  # type: ignore[attr-defined] - elastic mode always runs the Horovod strategy
+        self.out = RankZero(s.rank)
+        self._shard()
+        self.match_learning_rate(self._lr_world)
+        self.out.print(f"ringtrain train: the group re-formed with {s.world_size} rank(s); going on from "
+                       f"epoch {self.epoch + 1}, batch {self.batch_in_epoch}, step {self.step}")
+
+    def match_learning_rate(self, scaled_for: int) -> None:
+        """The learning rate is scaled for ``scaled_for`` workers: scale it for the current number."""
+        c, world = self.config, self.strategy.world_size
+        if c.scale_lr and scaled_for != world:
+            ratio = world / scaled_for
+            scale_learning_rate(self.optimizer, ratio)
+            if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+                self.scheduler.base_lrs = [lr * ratio for lr in self.scheduler.base_lrs]
+            self.lr_factor = float(world * c.batches_per_allreduce)
+        self._lr_world = world
 
     def close(self) -> None:
         """Close the logs and leave the job (destroys only a process group the Trainer started)."""
@@ -224,9 +287,12 @@ class Trainer:
                     self.batch_in_epoch = b + 1
                     if self.on_step is not None:
                         self.on_step(self)
-                    if (self.snapshots and c.save_every_steps and self.step % c.save_every_steps == 0
+                    if (c.save_every_steps and self.step % c.save_every_steps == 0
                             and self.batch_in_epoch < total_batches):
-                        self.save_snapshot()
+                        if self.snapshots:
+                            self.save_snapshot()
+                        if self._elastic_state is not None:
+                            self._elastic_state.commit()
                 bar.update(1, loss=loss.detach())  # read (a device sync) only when a bar shows it
         finally:
             bar.close()

@@ -1,0 +1,113 @@
+"""First code of an elastic worker: ``python -m ringtrain.launch.elastic_worker COMMAND...``.
+
+The elastic driver (:mod:`ringtrain.launch.elastic_driver`) starts one per slot, with the worker's
+variables in its environment (see :mod:`ringtrain.engine.elastic_rendezvous`). This module:
+
+1. reads the job's secret from the first line of stdin when the driver says so
+   (``RINGTRAIN_SECRET_ON_STDIN=1``: workers started over ssh, whose command line is visible in
+   ``ps`` on the remote host); local workers find it in their environment;
+2. ends the worker when the driver goes away: end-of-file on stdin (the driver closed it, or died,
+   or the ssh session broke) means SIGTERM, and the kernel's parent-death signal covers a local driver
+   killed outright;
+3. reaches the job store once and says so (``elastic/worker/<id>/alive``), so that the driver tells a
+   host that cannot run workers at all (ssh refused, store unreachable) from a worker that crashed;
+4. runs the command as :mod:`ringtrain.launch.worker_entry` does: Python in this very process,
+   anything else through ``exec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from ringtrain.launch.worker_entry import die_with_parent, is_python, run_python
+
+ENV_SECRET_ON_STDIN = "RINGTRAIN_SECRET_ON_STDIN"
+#: Seconds between the SIGTERM sent on end-of-file and a hard exit, for a command that ignores it.
+STOP_GRACE = 15.0
+#: Exit code when the driver's job store cannot be reached from this host.
+UNREACHABLE_EXIT = 3
+
+
+def read_secret_line() -> str:
+    """The first line of stdin, read byte by byte so nothing after it is consumed."""
+    data = bytearray()
+    while True:
+        chunk = os.read(0, 1)
+        if not chunk or chunk == b"\n":
+            return data.decode().strip()
+        data += chunk
+
+
+def watch_stdin() -> threading.Thread:
+    """End this worker when stdin closes: SIGTERM at once, a hard exit after :data:`STOP_GRACE`."""
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="ringtrain-elastic-stdin", daemon=True)
+    thread.start()
+    return thread
+
+
+def announce(environ: dict[str, str] | os._Environ[str]) -> str | None:
+    """Reach the job store and record that this worker started; an error message when it cannot."""
+    from ringtrain.engine import elastic_rendezvous, jobstore
+
+    address = jobstore.address_from_environ(environ)
+    worker = environ.get(elastic_rendezvous.ENV_WORKER, "")
+    timeout = float(environ.get("HOROVOD_START_TIMEOUT", "30") or 30)
+    try:
+        store = jobstore.JobStore(address or "", jobstore.secret_from_environ(environ),
+                                  timeout=max(timeout, 5.0))
+        store.set(elastic_rendezvous.alive_key(worker), str(os.getpid()))
+        store.close()
+    except (ConnectionError, OSError, ValueError) as exc:
+        host = environ.get("HOROVOD_HOSTNAME", "?")
+        return (f"ringtrain elastic: worker {worker} on {host} cannot reach the driver's job store at "
+                f"{address}: {exc}. HINT: the driver's host must be reachable from {host} on TCP; set "
+                "--network-interfaces to the interface the hosts share, or open the port in the firewall.")
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Set up the worker, then run or exec the command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("ringtrain.launch.elastic_worker: no command given", file=sys.stderr)
+        return 2
+    die_with_parent()
+    if os.environ.pop(ENV_SECRET_ON_STDIN, "") == "1":
+        from ringtrain.engine.auth import ENV_SECRET
+
+        os.environ[ENV_SECRET] = read_secret_line()
+    watch_stdin()
+    problem = announce(os.environ)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return UNREACHABLE_EXIT
+    program, rest = argv[0], argv[1:]
+    runs_here = rest and (rest[0] in ("-m", "-c") and len(rest) >= 2 or not rest[0].startswith("-"))
+    if is_python(program) and runs_here:
+        return run_python(rest)
+    if program.endswith(".py"):
+        return run_python(argv)
+    if is_python(program):
+        program = sys.executable
+    os.execvp(program, [program, *rest])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
