@@ -90,7 +90,9 @@ class Trainer:
 
         self.snapshots = (SnapshotManager(config.snapshot_dir, config.keep_last) if config.snapshot_dir
                           else None)
-        if self.snapshots is not None and (config.save_every or config.save_every_steps):
+        if self.snapshots is not None and (config.save_every or config.save_every_steps) \
+                and not self._joins_running_group():
+            # (collective: a worker joining a running elastic group must not wait for the others in it)
             self._check_snapshot_folder()
         self.metrics_log = MetricsLog(config.log_dir) if config.log_dir and s.rank == 0 else None
         self.epoch = 0
@@ -143,7 +145,7 @@ class Trainer:
     def train(self) -> list[EpochResult]:
         """Resume if a snapshot exists, then train the remaining epochs; returns this run's epochs."""
         c = self.config
-        if not self.elastic or os.environ.get(elastic_rendezvous.ENV_GENERATION, "1") == "1":
+        if not self._joins_running_group():
             # A worker that joins a running elastic group gets its state from rank 0's commit instead
             # (resuming is collective: the running workers would not take part).
             self.resume()
@@ -156,6 +158,11 @@ class Trainer:
         while self.epoch < c.epochs:
             self._record(self._run_epoch(self.epoch))
         return self.history
+
+    def _joins_running_group(self) -> bool:
+        """An elastic worker started for a later generation: the running workers are past setup, so it
+        takes part in none of the setup's collectives (rank 0's commit brings it up to date)."""
+        return self.elastic and os.environ.get(elastic_rendezvous.ENV_GENERATION, "1") != "1"
 
     def _train_elastic(self) -> list[EpochResult]:
         from ringtrain import elastic
