@@ -132,6 +132,14 @@ class NamespaceHosts:
         """Cut the link between the hosts for good (``ip link set <veth> down``), or restore it."""
         host = self.hosts["hostA"]
         _ip("-n", host.namespace, "link", "set", host.interface, "up" if up else "down")
+        if up:
+            # the kernel drops routes through an interface that goes down: the silent host's comes back
+            self._route_silent_address()
+
+    def _route_silent_address(self) -> None:
+        """hostA sends SILENT_ADDRESS's packets to hostB, whose namespace does not forward (the default)."""
+        a, b = self.hosts["hostA"], self.hosts["hostB"]
+        _ip("-n", a.namespace, "route", "replace", f"{SILENT_ADDRESS}/32", "via", b.address)
 
     def mac(self, host: str) -> str:
         """The MAC address of ``host``'s end of the link."""
@@ -198,8 +206,7 @@ class NamespaceHosts:
         (self.root / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         for host in (a, b):
             self._write_etc(host)
-        # hostA sends SILENT_ADDRESS's packets to hostB, whose namespace does not forward (the default).
-        _ip("-n", a.namespace, "route", "add", f"{SILENT_ADDRESS}/32", "via", b.address)
+        self._route_silent_address()
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
         for host in (a, b):
             config = self._write_sshd_config(host)

@@ -15,6 +15,7 @@ import pytest
 
 import ringtrain.launch.driver as driver
 from ringtrain.exceptions import UsageError
+from ringtrain.launch import store_host
 from ringtrain.launch.config import DriverLink, LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
@@ -97,10 +98,10 @@ class Agent:
         self.out, self.err = folder / "agent.out", folder / "agent.err"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(driver.node_argv(config), stdin=subprocess.PIPE, stdout=out,
-                                         stderr=err, text=True)
+                                         stderr=err)
         if secret is not None:
-            self.proc.stdin.write(secret + "\n")
-            self.proc.stdin.flush()
+            # as a driver does: the job's secret first (the agent waits up to a minute for that line)
+            store_host.send_secret(self.proc.stdin, secret)
 
     def wait(self, timeout: float = 240) -> tuple[int, str, str]:
         try:
@@ -173,7 +174,7 @@ def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, m
     agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
 
     def started() -> bool:
-        agent.proc.stdin.write("\n")  # the driver's beat, until the ranks run; then silence
+        agent.proc.stdin.write(b"\n")  # the driver's beat, until the ranks run; then silence
         agent.proc.stdin.flush()
         return len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None
 
