@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ringtrain.launch.worker_entry import die_with_parent, is_python, run_python
+from ringtrain.launch.worker_entry import die_with_parent, run_command
 
 ENV_SECRET_ON_STDIN = "RINGTRAIN_SECRET_ON_STDIN"
 #: Seconds between the SIGTERM sent on end-of-file and a hard exit, for a command that ignores it.
@@ -97,16 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return UNREACHABLE_EXIT
-    program, rest = argv[0], argv[1:]
-    runs_here = rest and (rest[0] in ("-m", "-c") and len(rest) >= 2 or not rest[0].startswith("-"))
-    if is_python(program) and runs_here:
-        return run_python(rest)
-    if program.endswith(".py"):
-        return run_python(argv)
-    if is_python(program):
-        program = sys.executable
-    os.execvp(program, [program, *rest])
-    return 127  # not reached
+    return run_command(list(argv))
 
 
 if __name__ == "__main__":

@@ -170,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     die_with_parent()
     os.environ.update(horovod_variables(os.environ))
+    return run_command(argv)
+
+
+def run_command(argv: list[str]) -> int:
+    """Run a rank's command: a Python program in this very process, anything else by exec."""
     program, rest = argv[0], argv[1:]
     if os.environ.pop(NO_PYTHON_VARIABLE, "") == "1":  # --no-python: the command runs as it is
         os.execvp(program, [program, *rest])
