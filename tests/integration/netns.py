@@ -24,6 +24,7 @@ and a forwarding process that holds every frame for the delay (``delay_link.py``
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -67,6 +68,10 @@ class Host:
     address: str
 
 
+#: Numbers the NamespaceHosts of this process (interface names allow 15 characters, so a letter).
+_INSTANCES = itertools.count()
+
+
 class NamespaceHosts:
     """``hostA`` and ``hostB`` with sshd on port 22; commands run inside via :meth:`command`."""
 
@@ -75,7 +80,10 @@ class NamespaceHosts:
         self.bandwidth = bandwidth
         self.delay_ms = delay_ms
         self._forwarder: subprocess.Popen[bytes] | None = None
-        tag = f"rt{os.getpid()}"
+        # one set of names per instance: a test's own hosts (a shaped link) live beside the session's,
+        # and stopping them must not delete the session's namespaces
+        serial = next(_INSTANCES)
+        tag = f"rt{os.getpid()}" + (chr(ord("a") + serial - 1) if serial else "")
         self.hosts = {name: Host(name, f"{tag}-{name}", f"{tag}-v{name[-1]}", f"{SUBNET}.{i}")
                       for i, name in enumerate(("hostA", "hostB"), start=1)}
         #: A name that resolves (on both hosts) to an address where no host is: for unreachable-host tests.
