@@ -162,6 +162,22 @@ def test_a_failed_gloo_work_raises_its_own_error():
         liveness.wait_work(Failed(), liveness.Abort())
 
 
+def test_work_completing_just_after_a_slice_expired_is_no_failure():
+    # A late peer arriving at the end of a slice: the slice's wait times out, the work is complete.
+    class JustDone(_StuckWork):
+        waits = 0
+
+        def wait(self, timeout):
+            self.waits += 1
+            if self.waits == 1:
+                raise RuntimeError("Operation timed out!")
+
+        def is_completed(self):
+            return self.waits >= 1
+
+    liveness.wait_work(JustDone(), liveness.Abort())
+
+
 def test_abort_keeps_the_first_reason():
     abort = liveness.Abort()
     assert abort.trigger("first")

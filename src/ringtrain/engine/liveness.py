@@ -108,7 +108,11 @@ def wait_work(work: Any, abort: Abort | None = None, what: str = "a gloo operati
             return
         except RuntimeError:
             if work.is_completed():
-                raise  # the work itself failed (a peer closed its connection, gloo's timeout)
+                # Either the work itself failed (a peer closed its connection, gloo's timeout), or it
+                # completed just after the slice expired (a peer arriving at the slice's end): waiting
+                # once more returns at once in the second case and raises the work's own error in the first.
+                work.wait(WAIT_SLICE)
+                return
             if abort.triggered:
                 raise ControlPlaneError(f"{what} was abandoned: {abort.reason}") from None
             # only this slice expired: the work goes on
