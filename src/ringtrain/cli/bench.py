@@ -12,21 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ringtrain.cli.options import number as _float
+from ringtrain.cli.options import whole_number as _int
 from ringtrain.exceptions import UsageError
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def register(subparsers: Any) -> None:

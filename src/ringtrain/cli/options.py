@@ -93,19 +93,40 @@ class EnvAppend(argparse.Action):
         setattr(namespace, self.dest, [*items, values])
 
 
-def non_negative(kind: type) -> Any:
-    """An argparse ``type`` that converts with ``kind`` and refuses values below zero."""
+def whole_number(text: str) -> int:
+    """An argparse ``type``: an integer, or an error that restates the text."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def number(text: str) -> float:
+    """An argparse ``type``: a float, or an error that restates the text."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def at_least(kind: type, minimum: int) -> Any:
+    """An argparse ``type`` that converts with ``kind`` and refuses values below ``minimum``."""
     def convert(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be >= {minimum}")
         return value
 
     convert.__name__ = kind.__name__
     return convert
+
+
+def non_negative(kind: type) -> Any:
+    """An argparse ``type`` that converts with ``kind`` and refuses values below zero."""
+    return at_least(kind, 0)
 
 
 def spellings(*names: str) -> list[str]:

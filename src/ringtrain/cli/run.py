@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, non_negative, spellings
+from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, at_least, non_negative, spellings
 from ringtrain.engine.settings import Knob, knobs
 from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.config import LaunchConfig
@@ -155,7 +155,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
             tuning.add_argument(*names, dest=spec.dest, action=EnvOption, environ=environ, type=kind,
                                 help=spec.help)
 
-    positive_int = _positive(int)
+    positive_int = at_least(int, 1)
     el = parser.add_argument_group("elastic options (horovodrun; any of the first three turns elastic on)")
     el.add_argument(*spellings("--min-np", "--min-num-proc"), dest="min_np", action=EnvOption,
                     environ=environ, type=positive_int, metavar="N",
@@ -226,21 +226,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                     metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
-
-
-def _positive(kind: type) -> Any:
-    """An argparse ``type`` that refuses values below one."""
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-        return value
-
-    convert.__name__ = kind.__name__
-    return convert
 
 
 def parse_cooldown_range(value: Any) -> tuple[int, int]:

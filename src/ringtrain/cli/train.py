@@ -9,23 +9,11 @@ import argparse
 from typing import Any
 
 from ringtrain.cli.errors import UsageError
+from ringtrain.cli.options import number as _float
 from ringtrain.cli.options import spellings
+from ringtrain.cli.options import whole_number as _int
 
 WORKLOAD_CHOICES = ("mnist", "fashion-mnist", "cifar10", "movielens", "synthetic", "synthetic-ratings")
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def register(subparsers: Any) -> None:
