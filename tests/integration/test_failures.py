@@ -207,31 +207,42 @@ def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
     assert_no_process_left(hosts)
 
 
+#: Long enough that the job is still training when the link goes down (CI once finished a 3-epoch job
+#: between the test seeing step 4 and the cut, and a restart test then saw no fault at all).
+SHORT_CUT_EPOCHS = 100
+SHORT_CUT_STEPS = SHORT_CUT_EPOCHS * 256 // 32  # 256 images per rank, batches of 32
+
+
+def cut_while_training(job: Job, hosts: NamespaceHosts, seconds: float) -> None:
+    """Cut the link for ``seconds``; a job that had already finished when it went down fails the test
+    (it would show nothing about the cut)."""
+    hosts.set_link(False)
+    assert "final: " not in job.output(), f"the job ended before the cut; lengthen it\n{job.output()}"
+    time.sleep(seconds)
+    hosts.set_link(True)
+
+
 def test_short_cut_is_ridden_out(hosts, tmp_path):
     # 5 s without a link is well inside RINGTRAIN_PEER_TIMEOUT_SECONDS: TCP retransmits, nothing fails.
-    job = Job(hosts, tmp_path, epochs=3, samples=512, env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
+    job = Job(hosts, tmp_path, epochs=SHORT_CUT_EPOCHS, samples=512, env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
     try:
         job.wait_training()
-        hosts.set_link(False)
-        time.sleep(5)
-        hosts.set_link(True)
+        cut_while_training(job, hosts, seconds=5)
         code, _ = job.wait(timeout=600)
     finally:
         job.kill()
     output = job.output()
     assert code == 0, output
-    assert "final: 24 steps on 2 ranks" in output, output  # 3 epochs x 256 images per rank / 32
+    assert f"final: {SHORT_CUT_STEPS} steps on 2 ranks" in output, output
 
 
 def test_short_cut_with_restarts_enabled_recovers(hosts, tmp_path):
     # A cut longer than the peer timeout fails the attempt; --max-restarts starts a new one that finishes.
-    job = Job(hosts, tmp_path, "--max-restarts", "3", epochs=3, samples=512,
+    job = Job(hosts, tmp_path, "--max-restarts", "3", epochs=SHORT_CUT_EPOCHS, samples=512,
               env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "2"})
     try:
         job.wait_training()
-        hosts.set_link(False)
-        time.sleep(5)
-        hosts.set_link(True)
+        cut_while_training(job, hosts, seconds=5)
         code, _ = job.wait(timeout=300)
     finally:
         job.kill()
