@@ -210,7 +210,8 @@ def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
 #: Long enough that the job is still training when the link goes down (CI once finished a 3-epoch job
 #: between the test seeing step 4 and the cut, and a restart test then saw no fault at all).
 SHORT_CUT_EPOCHS = 100
-SHORT_CUT_STEPS = SHORT_CUT_EPOCHS * 256 // 32  # 256 images per rank, batches of 32
+SHORT_CUT_SAMPLES = 512
+SHORT_CUT_STEPS = SHORT_CUT_EPOCHS * (SHORT_CUT_SAMPLES // 2) // 32  # half the images per rank, batches of 32
 
 
 def cut_while_training(job: Job, hosts: NamespaceHosts, seconds: float) -> None:
@@ -224,7 +225,8 @@ def cut_while_training(job: Job, hosts: NamespaceHosts, seconds: float) -> None:
 
 def test_short_cut_is_ridden_out(hosts, tmp_path):
     # 5 s without a link is well inside RINGTRAIN_PEER_TIMEOUT_SECONDS: TCP retransmits, nothing fails.
-    job = Job(hosts, tmp_path, epochs=SHORT_CUT_EPOCHS, samples=512, env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
+    job = Job(hosts, tmp_path, epochs=SHORT_CUT_EPOCHS, samples=SHORT_CUT_SAMPLES,
+              env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
     try:
         job.wait_training()
         cut_while_training(job, hosts, seconds=5)
@@ -238,7 +240,7 @@ def test_short_cut_is_ridden_out(hosts, tmp_path):
 
 def test_short_cut_with_restarts_enabled_recovers(hosts, tmp_path):
     # A cut longer than the peer timeout fails the attempt; --max-restarts starts a new one that finishes.
-    job = Job(hosts, tmp_path, "--max-restarts", "3", epochs=SHORT_CUT_EPOCHS, samples=512,
+    job = Job(hosts, tmp_path, "--max-restarts", "3", epochs=SHORT_CUT_EPOCHS, samples=SHORT_CUT_SAMPLES,
               env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "2"})
     try:
         job.wait_training()
