@@ -192,6 +192,19 @@ def summarize(out: Path, sweeps: list[dict[str, Any]], machine: dict[str, Any],
     return text
 
 
+def relative_paths(out: Path) -> None:
+    """Rewrite this checkout's absolute path as relative in every text file under ``out``: the logs and
+    JSON name the interpreter and the output folders, and committed results must not carry one
+    machine's paths."""
+    prefix = f"{ROOT}/"
+    for file in out.rglob("*"):
+        if file.suffix in {".png", ".gz"} or not file.is_file():
+            continue
+        text = file.read_text(errors="replace")
+        if prefix in text:
+            file.write_text(text.replace(prefix, ""))
+
+
 def check_system() -> str | None:
     """Why the sweep cannot run here (None when it can)."""
     if os.geteuid() != 0:
@@ -247,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     for link in links:
         sweeps.append(sweep_link(link, args.delay_ms, workloads, steps, warmup, args.repeats, out))
     print(summarize(out, sweeps, machine, args))
+    relative_paths(out)
     print(f"link_sweep: {time.monotonic() - started:.0f} s; wrote {out / 'summary.md'}")
     failed = [(s["link"], w) for s in sweeps for w, code in s["runs"].items() if code != 0]
     if failed:
