@@ -179,3 +179,36 @@ def test_reuses_a_torch_distributed_world(size):
         for proc in procs:
             proc.kill()
     assert all(out.strip().endswith("ok") for out in outputs), outputs
+
+
+def _rounds_while_the_other_waits(seconds: float) -> int:
+    """Rounds rank 0 takes part in while it "computes" and rank 1 waits for it inside an allreduce."""
+    from ringtrain.engine import state
+
+    ensure_init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    hvd.barrier()
+    controller = state.require().controller
+    if hvd.rank() == 1:
+        hvd.allreduce(torch.ones(1), name="late")
+        hvd.barrier()
+        return -1
+    # Rank 1's request reaches rank 0 in the first round rank 0 takes part in: wait for that round
+    # (the idle period's, at most a second away), then count what follows while rank 0 stays busy.
+    deadline = time.monotonic() + 30
+    while not controller.others_pending:
+        assert time.monotonic() < deadline, "rank 1's request never showed in rank 0's rounds"
+        time.sleep(0.01)
+    before = controller.rounds
+    time.sleep(seconds)  # "computing": nothing of rank 0's own is pending
+    during = controller.rounds - before
+    hvd.allreduce(torch.ones(1), name="late")
+    hvd.barrier()
+    return during
+
+
+def test_a_rank_with_nothing_pending_runs_no_rounds_while_another_waits_for_it(ranks2):
+    # Rounds paced every few milliseconds would take CPU from the very rank the others wait for; its
+    # own submission wakes it instead. The idle period (1 s) may still bring one round in 1.5 s.
+    during = ranks2.run(_rounds_while_the_other_waits, 1.5)[0]
+    assert during <= 2, f"rank 0 ran {during} rounds while rank 1 waited on it"

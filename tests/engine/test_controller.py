@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ringtrain.engine.controller import IDLE, Controller, RoundResult, display_name
 from ringtrain.engine.executor import SetGroups
-from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta
+from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import World, make_gloo_group
 from ringtrain.engine.timeline import Timeline
@@ -131,7 +131,7 @@ def test_a_name_waiting_for_a_missing_rank_is_reported_and_shuts_down_after_the_
 def test_the_result_is_a_named_dataclass_and_idle_is_the_first_pacing_state():
     assert [f.name for f in dataclasses.fields(RoundResult)] == [
         "ready", "joined", "last_joined", "progress", "mine_pending", "others_pending", "all_pending",
-        "shutdown"]
+        "others_need_rounds", "shutdown"]
     assert (IDLE.progress, IDLE.mine_pending, IDLE.others_pending, IDLE.shutdown) == (False,) * 4
 
 
@@ -139,3 +139,28 @@ def test_the_result_is_a_named_dataclass_and_idle_is_the_first_pacing_state():
                                               ((3, "allreduce.x"), "allreduce.x (process set 3)")])
 def test_display_name(ident, shown):
     assert display_name(ident) == shown
+
+
+def test_others_need_this_ranks_rounds_only_for_names_of_sets_without_it():
+    h = Harness(sets={0: [0], 1: [0, 1], 2: [1, 2]})
+    controller = h.controller
+    mine = h.request("allreduce.mine", torch.ones(1), set_id=1).meta
+    theirs = h.request("allreduce.theirs", torch.ones(1), set_id=2).meta
+    assert not controller._waiting_without_me([])
+    # Metadata another rank sent: a set with rank 0 waits for rank 0's submission, not its rounds.
+    controller._table[(1, mine.key)] = {1: mine}
+    assert not controller._waiting_without_me([])
+    controller._table[(2, theirs.key)] = {1: theirs}
+    assert controller._waiting_without_me([])
+    controller._table.clear()
+    controller._table[(9, "allreduce.unknown")] = {1: mine}  # a set this rank does not know
+    assert controller._waiting_without_me([])
+    controller._table.clear()
+    # Cached names count by slot: only slots that some rank counted this round matter.
+    slot_mine = controller.cache.insert(Response(mine.key, 1, OpType.ALLREDUCE, {1: mine}))
+    slot_theirs = controller.cache.insert(Response(theirs.key, 2, OpType.ALLREDUCE, {1: theirs}))
+    counts = [0] * controller.cache.num_slots
+    counts[slot_mine] = 1
+    assert not controller._waiting_without_me(counts)
+    counts[slot_theirs] = 2
+    assert controller._waiting_without_me(counts)

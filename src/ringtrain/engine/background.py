@@ -50,6 +50,9 @@ _CONTROL_OPS = (OpType.BARRIER, OpType.PROCESS_SET_ADD, OpType.PROCESS_SET_REMOV
 _MAX_BACKOFF_S = 0.05
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
 _IDLE_PERIOD_S = 1.0
+#: A rank that others wait on while it computes takes part in a round this often (at most): their stall
+#: reports reach rank 0 through these rounds, which a quarter of the stall check time keeps timely.
+_WAITED_ON_PERIODS_PER_STALL_CHECK = 4
 
 
 class Engine:
@@ -96,6 +99,9 @@ class Engine:
         # Owned by whichever thread drives the rounds: the pacing state.
         self._last_state: RoundResult = IDLE
         self._backoff = self.cycle_time
+        stall_period = settings.stall_check_time_s / _WAITED_ON_PERIODS_PER_STALL_CHECK
+        self._waited_on_period = (_IDLE_PERIOD_S if settings.stall_check_disable
+                                  else min(_IDLE_PERIOD_S, stall_period))
 
         self._thread = threading.Thread(target=self._main, name="ringtrain-engine", daemon=True)
         self._thread.start()
@@ -309,10 +315,15 @@ class Engine:
                 # Someone we wait for has nothing pending: block inside the next round (in gloo, no CPU)
                 # until that rank submits.
                 return
-            if last.mine_pending or last.others_pending:
+            # With nothing of its own pending, this rank's rounds cannot settle a name that waits for
+            # it (its submission wakes it at once); on a machine whose cores all compute, rounds paced
+            # every few milliseconds would slow the rank everyone is waiting for.
+            if last.mine_pending or last.others_need_rounds:
                 timeout = self._backoff
                 if not last.progress:
                     self._backoff = min(max(self._backoff * 2, 1e-4), _MAX_BACKOFF_S)
+            elif last.others_pending:
+                timeout = self._waited_on_period
             else:
                 timeout = _IDLE_PERIOD_S
             if timeout > 0:

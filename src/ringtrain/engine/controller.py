@@ -70,12 +70,17 @@ class RoundResult:
     others_pending: bool
     #: Every rank has requests waiting.
     all_pending: bool
+    #: Another rank waits on a name whose process set leaves this rank out: only rounds that this rank
+    #: takes part in (negotiation spans every rank) can settle it, so this rank keeps pacing rounds
+    #: even with nothing of its own. A name that includes this rank needs its submission instead,
+    #: which wakes it at once; rounds before that would only take CPU from its computation.
+    others_need_rounds: bool
     #: Some rank is shutting down: every rank leaves the rounds now.
     shutdown: bool
 
 
 #: The state before the first round: nothing pending anywhere.
-IDLE = RoundResult([], set(), None, False, False, False, False, False)
+IDLE = RoundResult([], set(), None, False, False, False, False, False, False)
 
 
 class Controller:
@@ -120,10 +125,14 @@ class Controller:
         self.eager_size = 0
         self._eager_version = -1
         self._round_version = 0
+        #: Rounds this rank has taken part in, and whether the last one saw another rank waiting.
+        self.rounds = 0
+        self.others_pending = False
 
     # ------------------------------------------------------------------ round
     def negotiate(self, new: list[Request], joining: bool, stopping: bool) -> RoundResult:
         """One round: admit ``new``, exchange, and decide what is ready (see the module docstring)."""
+        self.rounds += 1
         self.timeline.cycle()
         if self.cache.version != self._round_version:
             self._requeue_displaced()
@@ -159,14 +168,17 @@ class Controller:
             self._ready_from_table(joined, responses)
         ready = self._claim(responses) if responses else []
         last_joined, joins_moved = self._track_joins(joined) if joined or self._joined_prev else (None, False)
+        others_pending = any(f & neg.FLAG_PENDING for r, f in enumerate(all_flags) if r != self.rank)
+        self.others_pending = others_pending
         return RoundResult(
             ready=ready,
             joined=joined,
             last_joined=last_joined,
             progress=progress or bool(ready) or joins_moved,
             mine_pending=bool(self.pending) or (joining and last_joined is None),
-            others_pending=any(f & neg.FLAG_PENDING for r, f in enumerate(all_flags) if r != self.rank),
+            others_pending=others_pending,
             all_pending=all(f & neg.FLAG_PENDING for f in all_flags),
+            others_need_rounds=others_pending and self._waiting_without_me(control[width:]),
             shutdown=any(f & neg.FLAG_SHUTDOWN for f in all_flags),
         )
 
@@ -295,6 +307,16 @@ class Controller:
                     self.cache.touch(slot)
             ready.append((response, request))
         return ready
+
+    def _waiting_without_me(self, counts: list[int]) -> bool:
+        """Whether a name some rank waits on (a counted cache slot, or metadata in the table) belongs
+        to a process set this rank is not in (or to one it does not know)."""
+        set_ids = {ident[0] for ident in self._table}
+        for slot, count in enumerate(counts):
+            response = self.cache.response(slot) if count else None
+            if response is not None:
+                set_ids.add(response.set_id)
+        return any(set_id not in self.sets or self.rank not in self.sets[set_id].ranks for set_id in set_ids)
 
     def _track_joins(self, joined: set[int]) -> tuple[int | None, bool]:
         """Record the order ranks joined in; (the last one once all have, whether anything changed)."""
