@@ -72,6 +72,35 @@ def test_gradients_are_averaged(ranks2, compression, predivide, tol):
         assert torch.equal(a, b)
 
 
+def overlapped_step(setting: str) -> dict:
+    from ringtrain.env.cores import usable_cores
+    from tests.engine.hvd_env import fresh
+
+    fresh({"RINGTRAIN_OVERLAP": setting})
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    _loss(model, hvd.rank()).backward()
+    sent_in_backward = len(opt._bucket_handles)
+    opt.step()
+    free_core = hvd.local_size() * torch.get_num_threads() < usable_cores()
+    return {"sent_in_backward": sent_in_backward, "buckets": len(opt._buckets), "free_core": free_core,
+            "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def test_overlap_setting_decides_when_buckets_are_sent_and_never_the_result(ranks2):
+    on, off, auto = (ranks2.run(overlapped_step, setting) for setting in ("on", "off", "auto"))
+    for rank in range(2):
+        assert on[rank]["sent_in_backward"] == on[rank]["buckets"] > 0  # every bucket left during backward
+        assert off[rank]["sent_in_backward"] == 0  # all of them left in step()
+        assert (auto[rank]["sent_in_backward"] > 0) is auto[rank]["free_core"]  # ringtrain/overlap.py
+        for a, b, c in zip(on[rank]["params"], off[rank]["params"], auto[rank]["params"]):
+            assert torch.equal(a, b)
+            assert torch.equal(a, c)
+    for a, b in zip(on[0]["params"], on[1]["params"]):
+        assert torch.equal(a, b)
+
+
 def validation_errors() -> dict[str, str]:
     hvd.init()
     model = _model()

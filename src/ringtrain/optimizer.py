@@ -4,7 +4,8 @@ Each parameter gets a post-accumulate-grad hook. Parameters are allreduced in bu
 ``groups``, or by default runs of parameters in backward order up to ``RINGTRAIN_BUCKET_CAP_MB``,
 25 MB, the first bucket 1 MB): once every gradient of a bucket is final for this step (after
 ``backward_passes_per_step`` backward passes), the hook submits one named, asynchronous, in-place
-grouped allreduce, so communication of late layers overlaps backward computation of early ones.
+grouped allreduce, so communication of late layers overlaps backward computation of early ones
+(unless that only makes the ranks' threads take turns on fully used cores: ``ringtrain.overlap``).
 ``step()`` waits for the handles (``synchronize()``) and then runs the wrapped optimizer's step.
 ``RINGTRAIN_BUCKET_CAP_MB=0`` gives Horovod's own one-request-per-parameter behaviour.
 """
@@ -22,9 +23,11 @@ from ringtrain import mpi_ops
 from ringtrain.adasum_optimizer import DistributedAdasumOptimizer
 from ringtrain.compression import CastCompressor, Compression, Compressor
 from ringtrain.engine import state
+from ringtrain.env.cores import usable_cores
 from ringtrain.functions import broadcast_object
 from ringtrain.ops import sparse
 from ringtrain.optimizer_names import STEP_AFTER_SYNC, TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names
+from ringtrain.overlap import should_overlap
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 
@@ -75,9 +78,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         world = mpi_ops.size()  # before init this raises Horovod's "use hvd.init()" ValueError
         settings = state.require().settings
         communicate = process_set.included() and (world > 1 or settings.elastic)
+        #: Whether a full bucket is sent from the backward pass (ringtrain.overlap) or in synchronize().
+        self._overlap = True
         if communicate:
             self._set_buckets(groups, settings.bucket_cap_mb)
             self._register_hooks()
+            trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            self._overlap = should_overlap(
+                settings.overlap, world_size=world, local_size=mpi_ops.local_size(),
+                threads=torch.get_num_threads(), cores=usable_cores(),
+                on_gpu=any(p.device.type != "cpu" for p in trainable))
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -154,7 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         index = self._bucket_of[p]
         self._bucket_pending[index] -= 1
-        if self._bucket_pending[index] == 0:
+        if self._bucket_pending[index] == 0 and self._overlap:
             self._submit_bucket(index)
 
     def _make_solo(self, p: torch.Tensor) -> None:

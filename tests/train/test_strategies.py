@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from ringtrain.train.strategies import (
     HorovodStrategy,
     make_strategy,
     pick_device,
-    usable_cores,
 )
 
 #: Variables by which a launcher or scheduler would make this test process a rank of some job.
@@ -50,10 +48,6 @@ def test_pick_device_without_cuda():
     assert pick_device("cpu", 0) == torch.device("cpu")
     with pytest.raises(ValueError, match="device='cuda' was asked for but torch sees no CUDA device. HINT:"):
         pick_device("cuda", 0)
-
-
-def test_usable_cores():
-    assert 1 <= usable_cores() <= (os.cpu_count() or 1)
 
 
 def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -10,7 +10,6 @@ whichever happened to run last.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -302,11 +301,3 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
             runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=strategy, np=np, argv=tuple(argv),
                                 env=dict(env), copies=np if strategy == INDEPENDENT else 1, plain=plain))
     return runs
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

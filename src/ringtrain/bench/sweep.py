@@ -18,8 +18,9 @@ from typing import Any
 from ringtrain.bench.hook import parse_output
 from ringtrain.bench.link import fit_link
 from ringtrain.bench.machine import describe_machine
-from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs, usable_cores
+from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs
 from ringtrain.bench.records import Measurement, combine_reports, summarize
+from ringtrain.env.cores import usable_cores
 from ringtrain.exceptions import UsageError
 
 #: Seconds a run gets to stop after SIGTERM (the launcher stops its ranks) before SIGKILL.

@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ringtrain.bench.hook import report
 from ringtrain.bench.machine import boot_id, cpu_model
-from ringtrain.bench.plan import usable_cores
+from ringtrain.env.cores import usable_cores
 
 
 def _rank_and_size() -> tuple[int, int]:

@@ -273,6 +273,13 @@ class Settings:
     bucket_cap_mb: float = _knob(
         "RINGTRAIN_BUCKET_CAP_MB", 25.0, Number("MiB", note="0: one request per parameter, as in Horovod"),
         "DistributedOptimizer's gradient bucket size (the first bucket is at most 1 MiB)", shown="25")
+    overlap: str = _knob(
+        "RINGTRAIN_OVERLAP", "auto",
+        Choice(("auto", "on", "off"),
+               ("overlap unless every rank is on this host and their threads take every core",
+                "always start a bucket's allreduce during the backward pass",
+                "send every bucket after the backward pass")),
+        "when DistributedOptimizer starts its gradient allreduces (ringtrain/overlap.py)")
     hierarchical_allreduce: bool = _knob(
         "HOROVOD_HIERARCHICAL_ALLREDUCE", False, Switch(),
         "allreduce within each host first, then across hosts (one rank per host), then broadcast within "

@@ -23,14 +23,6 @@ from ringtrain.env import detect_environment
 from ringtrain.train.logs import LOGGER_NAME
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def pick_device(requested: str | None, local_rank: int) -> torch.device:
     """The device of this rank: a GPU chosen by local rank when CUDA is there (and not refused)."""
     if requested == "cuda" and not torch.cuda.is_available():

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ringtrain.engine import elastic_rendezvous
+from ringtrain.env.cores import usable_cores
 from ringtrain.train import rng
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
@@ -29,7 +30,7 @@ from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_bat
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
 from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
-from ringtrain.train.strategies import Strategy, make_strategy, usable_cores
+from ringtrain.train.strategies import Strategy, make_strategy
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
