@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("shim", 35, ("ringtrain.shim",)),
     ("api", 30, ("ringtrain.mpi_ops", "ringtrain.optimizer", "ringtrain.functions", "ringtrain.compression",
                  "ringtrain.elastic", "ringtrain.process_sets", "ringtrain.sync_batch_norm", "ringtrain.ops",
-                 "ringtrain.optimizer_names", "ringtrain.adasum_optimizer")),
+                 "ringtrain.optimizer_names", "ringtrain.adasum_optimizer", "ringtrain.overlap")),
     ("engine", 20, ("ringtrain.engine",)),
     ("env", 10, ("ringtrain.env",)),
     ("exceptions", 0, ("ringtrain.exceptions",)),
