@@ -619,7 +619,16 @@ def control_plane_description() -> str:
         return "none (one process)"
     if engine.plane is None:
         return f"gloo (RINGTRAIN_CONTROL_PLANE=gloo, or more than {DEFAULT_MAX_RANKS} ranks)"
-    large = "ring over the mesh" if engine.cpu_ring else "gloo (RINGTRAIN_CPU_ALLREDUCE=gloo)"
+    arena = engine.groups.arena
+    if arena is not None and arena.disabled is None:
+        # The arena's segments are set up at the first large allreduce: until then it may still refuse.
+        large = "shared memory (all ranks on one host), else ring over the mesh"
+    elif arena is not None:
+        large = f"ring over the mesh (shared memory is off: {arena.disabled})"
+    elif engine.cpu_ring:
+        large = "ring over the mesh"
+    else:
+        large = "gloo (RINGTRAIN_CPU_ALLREDUCE=gloo)"
     return (f"tcp socket mesh ({engine.size - 1} connection(s) per rank, messages up to "
             f"{engine.plane.max_message // 1024} KiB); large CPU allreduces: {large}")
 

@@ -72,7 +72,7 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
         assert f"local rank {rank}, device cpu" in result.stdout
     assert "environment: torchrun, 2 rank(s)" in result.stdout
     assert "control plane: tcp socket mesh (1 connection(s) per rank" in result.stdout
-    assert "large CPU allreduces: ring over the mesh" in result.stdout
+    assert "large CPU allreduces: shared memory (all ranks on one host)" in result.stdout
     for name in ("allreduce[sum]", "allreduce[average]", "allreduce[min]", "allreduce[max]",
                  "allreduce[product]", "allreduce[large]", "allgather[uneven]", "broadcast[root=1]",
                  "alltoall[equal]",

@@ -129,7 +129,7 @@ def _large_allreduces(mode: str) -> list:
     fresh({"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **({"RINGTRAIN_CPU_ALLREDUCE": mode} if mode else {})})
     rank, size = hvd.rank(), hvd.size()
     engine = state.engine
-    results = [engine.cpu_ring]
+    results = [engine.cpu_ring, engine.groups.arena is not None]
     ops = {hvd.Sum: torch.add, hvd.Min: torch.minimum, hvd.Max: torch.maximum}
     for dtype in (torch.float32, torch.float16, torch.int32, torch.int16):
         gen = torch.Generator().manual_seed(rank)
@@ -157,12 +157,16 @@ def _large_allreduces(mode: str) -> list:
         assert torch.equal(out, torch.full((300_000,), float(size - 1)))
     hvd.barrier()
     hvd.remove_process_set(pair)
+    results.append(engine.groups.arena.runs > 0 if engine.groups.arena is not None else None)
     return results
 
 
-@pytest.mark.parametrize("mode", ["", "gloo"])
+@pytest.mark.parametrize("mode", ["", "ring", "gloo"])
 def test_large_allreduces_through_the_engine(ranks3, mode):
+    """The default (auto) runs them through shared memory here (one host); ring and gloo as asked."""
     results = ranks3.run(_large_allreduces, mode)
     assert [r[0] for r in results] == [mode != "gloo"] * 3
+    assert [r[1] for r in results] == [mode == ""] * 3
     assert results[0] == results[1] == results[2]
-    assert len(results[0]) == 13
+    assert len(results[0]) == 15
+    assert results[0][-1] == (True if mode == "" else None)

@@ -227,6 +227,8 @@ class Engine:
         self._stop_heartbeats()
         if self.plane is not None:
             self.plane.close()
+        if self.groups.arena is not None:
+            self.groups.arena.close()
         self.handles.fail_all(self.broken or SHUT_DOWN_MESSAGE, HorovodInternalError)
         self.timeline.stop()
 

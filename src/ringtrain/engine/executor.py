@@ -72,6 +72,8 @@ class SetGroups:
     plane: Any = None
     #: Whether CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
     ring: bool = False
+    #: Shared memory for the CPU allreduces of a set of every rank, all on one host (else None).
+    shm: Any = None
     #: Fusion buffers by (dtype, device), shared by the engine's sets (see :func:`_fusion_buffer`).
     buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict)
     #: Largest fusion buffer kept between batches (HOROVOD_FUSION_THRESHOLD).
@@ -214,6 +216,8 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     device = _device(local)
     _wait_inputs(requests)
     single = len(batch) == 1 and len(ref.shapes) == 1 and batch[0][1] is not None
+    total = sum(math.prod(shape) for response, _ in batch for shape in response.reference.shapes)
+    arena = _shared_arena(groups, ref, local, dtype, total)
     if single:
         request = batch[0][1]
         assert request is not None
@@ -224,8 +228,10 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
             out.copy_(request.inputs[0])
         buffer = out.reshape(-1)
     else:
-        total = sum(math.prod(shape) for response, _ in batch for shape in response.reference.shapes)
-        buffer = _fusion_buffer(groups, dtype, device, total)
+        if arena is not None:
+            buffer = arena.buffer(dtype, total)  # the fused inputs go straight into shared memory
+        else:
+            buffer = _fusion_buffer(groups, dtype, device, total)
         offset = 0
         for response, request in batch:
             for i, shape in enumerate(response.reference.shapes):
@@ -236,11 +242,16 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
                     buffer[offset : offset + n].copy_(request.inputs[i].reshape(-1))
                 offset += n
     scale_(buffer, ref.prescale)
+    post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
+    if arena is not None:
+        # Each rank scales only the chunk it reduced: one pass over 1/n of the buffer, not all of it.
+        arena.allreduce(buffer, COMBINE[ref.reduce_op], lambda chunk: scale_(chunk, post))
+        post = 1.0
     via = transport_device(local, groups)
     wire = buffer if via == local else buffer.cpu()
     if dtype in _WIRE_DTYPE:
         wire = wire.to(_WIRE_DTYPE[dtype])
-    if wire.numel() > 0:
+    if wire.numel() > 0 and arena is None:
         hierarchy = groups.extra.get("hierarchy")
         if ref.reduce_op == ADASUM:
             counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
@@ -263,7 +274,6 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
             _wait(groups.group(via).allreduce([wire], opts), via, groups)
     if wire is not buffer:
         buffer.copy_(wire)
-    post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
     scale_(buffer, post)
     if not single:
         offset = 0
@@ -277,6 +287,27 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
                     out.reshape(-1).copy_(buffer[offset : offset + n])
                 offset += n
     _settle(local)
+
+
+def _shared_arena(groups: SetGroups, ref: Any, local: int, dtype: torch.dtype, numel: int) -> Any:
+    """The set's shared-memory arena when this allreduce goes through it, else None.
+
+    Only agreed values decide (the same on every rank), and :meth:`SharedArena.fits` is collective:
+    every member asks at the same point of the agreed order. Small tensors keep the socket mesh (one
+    exchange instead of the arena's three barriers); Adasum, the hierarchical allreduce and dtypes
+    widened on the wire keep their own paths.
+    """
+    arena = groups.shm
+    if (arena is None or numel == 0 or ref.reduce_op == ADASUM or dtype in _WIRE_DTYPE
+            or transport_device(local, groups) >= 0):
+        return None
+    hierarchy = groups.extra.get("hierarchy")
+    if hierarchy is not None and hierarchy.applies_to_allreduce():
+        return None
+    nbytes = numel * dtype.itemsize
+    if mesh_fits_bytes(groups, nbytes):
+        return None
+    return arena if arena.fits(nbytes) else None
 
 
 def _fusion_buffer(groups: SetGroups, dtype: torch.dtype, device: torch.device, numel: int) -> torch.Tensor:
@@ -305,10 +336,14 @@ def mesh_fits(groups: SetGroups, wire: torch.Tensor) -> bool:
     skips gloo's I/O-thread hand-offs. The test depends only on agreed values, so all ranks choose
     the same way.
     """
+    return mesh_fits_bytes(groups, wire.numel() * wire.element_size())
+
+
+def mesh_fits_bytes(groups: SetGroups, nbytes: int) -> bool:
+    """:func:`mesh_fits` for a tensor of ``nbytes``."""
     plane = groups.plane
     if plane is None or len(groups.ranks) != plane.size:
         return False
-    nbytes = wire.numel() * wire.element_size()
     return nbytes <= plane.max_message and nbytes * plane.size <= MESH_ALLREDUCE_BYTES
 
 

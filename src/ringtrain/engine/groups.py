@@ -14,6 +14,7 @@ import torch
 from ringtrain.engine import control_plane, hierarchical, liveness
 from ringtrain.engine.executor import SetGroups
 from ringtrain.engine.settings import Settings
+from ringtrain.engine.shared_arena import SharedArena
 from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
 
 
@@ -38,11 +39,15 @@ class EngineGroups:
             setup_timeout_s=settings.gloo_timeout_s,
         )
         self.plane = self._connect_plane(mode, round_timeout)
-        ring = self.plane is not None and self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce)
+        large = self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce) if self.plane else "gloo"
         #: CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
-        self.cpu_ring = ring == "ring"
+        self.cpu_ring = large in ("auto", "ring")
         #: Which host every rank is on, and whether the hierarchical collectives are on (rank 0 decides).
         self.topology = hierarchical.Topology.discover(world, self.ctrl, self._agree, settings)
+        #: Shared memory for the large CPU allreduces of sets of every rank, when all are on one host.
+        self.arena: SharedArena | None = None
+        if large == "auto" and len(set(self.topology.hosts)) == 1:
+            self.arena = SharedArena(self.plane, settings.fusion_threshold_bytes)
         self.sets: dict[int, SetGroups] = {}
         self._fusion_buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._next_set_id = 0
@@ -68,6 +73,7 @@ class EngineGroups:
             # CPU allreduces may travel over the control plane's sockets (see executor.run_allreduce).
             plane=self.plane,
             ring=self.cpu_ring,
+            shm=self.arena if sorted(ranks) == list(range(self.size)) else None,
             buffers=self._fusion_buffers,
             keep_bytes=self.settings.fusion_threshold_bytes,
             abort=self.abort,

@@ -264,8 +264,10 @@ class Settings:
         Choice(("tcp", "gloo"), ("direct sockets, the default", "a gloo group")),
         "what carries the rounds and small CPU allreduces; rank 0's value decides for the job")
     cpu_allreduce: str = _knob(
-        "RINGTRAIN_CPU_ALLREDUCE", "ring",
-        Choice(("ring", "gloo"), ("over the control plane's sockets, the default", "gloo")),
+        "RINGTRAIN_CPU_ALLREDUCE", "auto",
+        Choice(("auto", "ring", "gloo"),
+               ("shared memory when every rank is on one host, else the ring; the default",
+                "over the control plane's sockets", "gloo")),
         "how CPU allreduces too large for the mesh run; rank 0's value decides for the job")
     eager_elements: int = _knob(
         "RINGTRAIN_EAGER_ELEMENTS", 2048, Number("elements", whole=True, note="0 turns it off"),
