@@ -6,9 +6,9 @@ It costs when every rank runs on this host and the ranks' compute threads alread
 an allreduce over loopback is then nothing but the CPU copying and adding, so starting it early only
 makes the engine thread and the compute threads take turns on the same cores (context switches, a
 colder cache) while the total CPU work stays the same. Measured on a 2-core VM with 2 ranks x 1 thread
-(``benchmarks/setting_bench.py``, then named overlap_bench.py, 5 repeats): sending every bucket after the backward pass trained the
-MNIST CNN (1.7 MB of gradients) 1.027x [1.001-1.039] as fast as overlapping, and ResNet-18 (45 MB)
-1.014x [0.976-1.034].
+(``benchmarks/setting_bench.py``, then named overlap_bench.py, 5 repeats): sending every bucket
+after the backward pass trained the MNIST CNN (1.7 MB of gradients) 1.027x [1.001-1.039] as fast
+as overlapping, and ResNet-18 (45 MB) 1.014x [0.976-1.034].
 
 ``RINGTRAIN_OVERLAP``: ``auto`` (the default) decides with :func:`should_overlap`; ``on`` and ``off``
 force it. The buckets, their order and so the results are the same either way: only when each
