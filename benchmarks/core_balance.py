@@ -18,11 +18,8 @@ processes, on these cores. Results: ``benchmarks/results/core_balance_<cpu>_<dat
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import multiprocessing as mp
 import os
-import re
 import statistics
 import sys
 import time
@@ -32,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results_io import write_results  # noqa: E402
 from step_bench import MODELS, build_model  # noqa: E402
 
 
@@ -128,14 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Ceiling: median {statistics.median(ceilings):.3f} [{low:.3f}-{high:.3f}].", ""]
     text = "\n".join(lines)
     print(text)
-    cpu = re.sub(r"[^a-z0-9]+", "-", machine["cpu"].lower()).strip("-")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = args.out / f"core_balance_{cpu}_{stamp}"
-    base.with_suffix(".md").write_text(text)
-    base.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine, "model": args.model, "steps": args.steps, "repeats": repeats}, indent=2) + "\n")
-    print(f"wrote {base}.md and .json")
+    write_results(args.out, "core_balance", machine, text,
+                  {"model": args.model, "steps": args.steps, "repeats": repeats})
     return 0
 
 

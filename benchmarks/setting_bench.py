@@ -20,7 +20,6 @@ bootstrap interval). Results of ``RINGTRAIN_OVERLAP=on,auto`` from before this s
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from paired import bootstrap_ci, pair_ratios
+from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {
@@ -163,16 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(raw, args.values)
     text = markdown(summary, machine, args)
     print(text)
-    cpu = re.sub(r"[^a-z0-9]+", "-", machine["cpu"].lower()).strip("-")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = args.out / f"setting_bench_{args.variable.lower()}_{cpu}_{stamp}"
-    base.with_suffix(".md").write_text(text)
-    base.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine, "variable": args.variable, "values": list(args.values), "repeats": args.repeats,
-         "steps": args.steps, "raw": raw, "summary": summary},
-        indent=2) + "\n")
-    print(f"wrote {base}.md and .json")
+    write_results(args.out, f"setting_bench_{args.variable.lower()}", machine, text,
+                  {"variable": args.variable, "values": list(args.values), "repeats": args.repeats,
+                   "steps": args.steps, "raw": raw, "summary": summary})
     return 0
 
 
