@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine.control_plane import node_identity
+from ringtrain.engine.socket_ring import Combine
 
 log = logging.getLogger("ringtrain.engine")
 
@@ -51,15 +52,12 @@ SHM_DIR = "/dev/shm"
 GRANULE = 4 * 1024 * 1024
 _TOKEN_BYTES = 16
 
-#: ``combine(a, b, out=...)``: an elementwise reduction such as ``torch.add``.
-Combine = Callable[..., torch.Tensor]
-
 
 class SharedArena:
     """This rank's segment and its peers', for allreduces among all ``plane.size`` ranks of one host.
 
-    Every method that may grow the segments (:meth:`fits`, :meth:`buffer`) is collective: every rank
-    calls it at the same point of the agreed order with the same size, and all of them reach the same
+    :meth:`fits`, which may grow the segments, and :meth:`allreduce` are collective: every rank calls
+    them at the same point of the agreed order with the same size, and all of them reach the same
     answer.
     """
 
@@ -115,15 +113,16 @@ class SharedArena:
             if segment is not None:
                 segment.unlink()  # every rank has mapped it, or none will: nothing stays in /dev/shm
         why = next((v for v in verdicts if v), None)
-        if why is not None or segment is None:
+        if why is not None:
             if self.capacity == 0:
-                self.disabled = why or "no segment"
+                self.disabled = why
                 log.info("shared-memory allreduce is off (%s); large CPU allreduces use the socket ring",
                          self.disabled)
             else:
                 # Keep the segments we have; larger allreduces take the ring from now on.
                 self.limit = self.capacity
             return
+        assert segment is not None  # a rank without its segment made every rank's verdict a refusal
         self._own, self._peers, self.capacity = segment.tensor, peers, capacity
 
     # -------------------------------------------------------------- allreduce
