@@ -112,6 +112,41 @@ def test_the_buffer_is_the_segment_itself_so_nothing_is_copied_in():
             assert torch.equal(out, torch.full((5000,), 3.0))
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_deliver_hands_over_every_element_once_straight_from_the_segments(size):
+    """With ``deliver`` the peers' chunks are read where they lie, not gathered into the buffer."""
+    numel = 10_007
+    expected = sum(torch.arange(numel, dtype=torch.float64) * (r + 1) for r in range(size))
+    with _open_mesh(size) as planes:
+        arenas = _arenas(planes)
+
+        def run(r, arena):
+            assert arena.fits(8 * numel)
+            buffer = arena.buffer(torch.float64, numel)
+            buffer.copy_(torch.arange(numel, dtype=torch.float64) * (r + 1))
+            result = torch.full((numel,), float("nan"), dtype=torch.float64)
+            seen = torch.zeros(numel, dtype=torch.int64)
+            pointers = []
+
+            def deliver(start, piece):
+                result[start : start + piece.numel()] = piece
+                seen[start : start + piece.numel()] += 1
+                pointers.append(piece.data_ptr())
+
+            arena.allreduce(buffer, torch.add, deliver=deliver)
+            return result, seen, pointers, buffer.clone()
+
+        for r, (result, seen, pointers, buffer) in enumerate(_collective(arenas, run)):
+            assert torch.equal(result, expected), r
+            assert torch.equal(seen, torch.ones(numel, dtype=torch.int64)), r
+            assert len(pointers) == size
+            # only this rank's chunk of its own buffer holds the result: nothing was gathered into it
+            lo, hi = numel * r // size, numel * (r + 1) // size
+            assert torch.equal(buffer[lo:hi], expected[lo:hi])
+            others = torch.cat([buffer[:lo], buffer[hi:]])
+            assert not torch.equal(others, torch.cat([expected[:lo], expected[hi:]]))
+
+
 def test_segments_grow_in_granules_to_the_limit_and_larger_tensors_are_refused():
     limit = 3 * GRANULE
     with _open_mesh(2) as planes:

@@ -145,11 +145,13 @@ def _large_allreduces(mode: str) -> list:
     average = hvd.allreduce(torch.full((400_000,), float(rank)), name="big.avg")
     assert torch.equal(average, torch.full((400_000,), (size - 1) / 2))
     # Fused: several tensors in one buffer, with pre- and postscale.
-    tensors = [torch.full((200_000 + i,), float(rank + i)) for i in range(3)]
+    # Every element differs, so a piece unfused at the wrong offset cannot go unseen.
+    tensors = [torch.arange(200_000 + i, dtype=torch.float32) * (rank + 1) + i for i in range(3)]
     outs = hvd.grouped_allreduce(tensors, name="big.group", op=hvd.Sum, prescale_factor=2.0,
                                  postscale_factor=0.5)
     for i, out in enumerate(outs):
-        assert torch.equal(out, torch.full((200_000 + i,), float(sum(range(size)) + size * i)))
+        expected = torch.arange(200_000 + i, dtype=torch.float32) * sum(range(1, size + 1)) + size * i
+        assert torch.equal(out, expected)
     # A process set of the first and last rank rings among its members only.
     pair = hvd.add_process_set([0, size - 1])
     if rank in (0, size - 1):

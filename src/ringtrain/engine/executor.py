@@ -245,8 +245,11 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     post = ref.postscale / len(groups.ranks) if ref.reduce_op == AVERAGE else ref.postscale
     if arena is not None:
         # Each rank scales only the chunk it reduced: one pass over 1/n of the buffer, not all of it.
-        arena.allreduce(buffer, COMBINE[ref.reduce_op], lambda chunk: scale_(chunk, post))
-        post = 1.0
+        # A fused result goes from the segments straight into the outputs (no gather into buffer).
+        deliver = None if single else _unfuser(batch)
+        arena.allreduce(buffer, COMBINE[ref.reduce_op], lambda chunk: scale_(chunk, post), deliver)
+        _settle(local)
+        return
     via = transport_device(local, groups)
     wire = buffer if via == local else buffer.cpu()
     if dtype in _WIRE_DTYPE:
@@ -276,17 +279,33 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
         buffer.copy_(wire)
     scale_(buffer, post)
     if not single:
-        offset = 0
-        for response, request in batch:
-            for i, shape in enumerate(response.reference.shapes):
-                n = math.prod(shape)
-                if request is not None:
-                    out = request.outputs[i]
-                    if out is None:
-                        out = request.outputs[i] = torch.empty_like(request.inputs[i])
-                    out.reshape(-1).copy_(buffer[offset : offset + n])
-                offset += n
+        _unfuser(batch)(0, buffer)
     _settle(local)
+
+
+def _unfuser(batch: list[tuple[Response, Request | None]]) -> Callable[[int, torch.Tensor], None]:
+    """``unfuse(start, piece)``: copies elements ``start:start + len(piece)`` of a fused result into
+    the outputs they belong to (allocated here where the request has none)."""
+    spans: list[tuple[int, int, torch.Tensor]] = []  # (offset, numel, flat output) in fused order
+    offset = 0
+    for response, request in batch:
+        for i, shape in enumerate(response.reference.shapes):
+            n = math.prod(shape)
+            if request is not None:
+                out = request.outputs[i]
+                if out is None:
+                    out = request.outputs[i] = torch.empty_like(request.inputs[i])
+                spans.append((offset, n, out.reshape(-1)))
+            offset += n
+
+    def unfuse(start: int, piece: torch.Tensor) -> None:
+        end = start + piece.numel()
+        for offset, n, out in spans:
+            lo, hi = max(offset, start), min(offset + n, end)
+            if lo < hi:
+                out[lo - offset : hi - offset].copy_(piece[lo - start : hi - start])
+
+    return unfuse
 
 
 def _shared_arena(groups: SetGroups, ref: Any, local: int, dtype: torch.dtype, numel: int) -> Any:

@@ -17,8 +17,9 @@ it as it fails a ring step):
 2. member ``i`` reduces chunk ``i`` of all the segments into its own segment and applies the
    postscale to it, so each chunk is reduced and scaled once, on one rank: every rank ends with
    bit-identical results, as with the ring;
-3. every rank copies the chunks it did not reduce from their owners' segments; the last barrier
-   keeps a rank from overwriting its segment while a peer still reads it.
+3. every rank copies the chunks it did not reduce from their owners' segments (for fused
+   gradients, straight into the gradients); the last barrier keeps a rank from overwriting its
+   segment while a peer still reads it.
 
 Segments are set up collectively and proved before use: each rank writes a random token at the
 start of its segment, and a peer that maps it must read the same token. The files are unlinked as
@@ -127,11 +128,18 @@ class SharedArena:
 
     # -------------------------------------------------------------- allreduce
     def allreduce(self, flat: torch.Tensor, combine: Combine,
-                  finish: Callable[[torch.Tensor], None] | None = None) -> None:
+                  finish: Callable[[torch.Tensor], None] | None = None,
+                  deliver: Callable[[int, torch.Tensor], None] | None = None) -> None:
         """Allreduce the 1-D CPU tensor ``flat`` in place among all ranks (:meth:`fits` said yes).
 
         ``finish`` runs on the chunk this rank reduced, before anyone copies it (the postscale), so
         it runs once per element across the job. ``flat`` may be :meth:`buffer` (no copy in).
+
+        ``deliver(start, piece)``, when given, receives the result chunk by chunk instead: ``piece``
+        holds elements ``start:start + len(piece)`` of the result, in this rank's segment or a peer's,
+        and is valid only during the call. ``flat`` then holds this rank's chunk of the result only.
+        The engine unfuses that way straight into the gradients, which saves gathering the peers'
+        chunks into ``flat`` first (a pass over ``(n-1)/n`` of the buffer).
         """
         assert self._own is not None
         count, me = self.size, self.rank
@@ -141,20 +149,23 @@ class SharedArena:
             own.copy_(flat)
         n = flat.numel()
         bounds = [n * i // count for i in range(count + 1)]
-        peers = {rank: seg[:nbytes].view(flat.dtype) for rank, seg in self._peers.items()}
+        segments = {rank: seg[:nbytes].view(flat.dtype) for rank, seg in self._peers.items()}
         self._barrier()
         lo, hi = bounds[me], bounds[me + 1]
         mine = own[lo:hi]
         for step in range(1, count):
-            combine(mine, peers[(me + step) % count][lo:hi], out=mine)
+            combine(mine, segments[(me + step) % count][lo:hi], out=mine)
         if finish is not None:
             finish(mine)
         self._barrier()
-        if flat.data_ptr() != own.data_ptr():
-            flat[lo:hi].copy_(mine)
-        for rank, seg in peers.items():
-            flat[bounds[rank] : bounds[rank + 1]].copy_(seg[bounds[rank] : bounds[rank + 1]])
-        self._barrier()
+        segments[me] = own
+        for rank in range(count):
+            start, end = bounds[rank], bounds[rank + 1]
+            if deliver is not None:
+                deliver(start, segments[rank][start:end])
+            elif flat.data_ptr() != segments[rank].data_ptr():
+                flat[start:end].copy_(segments[rank][start:end])
+        self._barrier()  # no rank overwrites its segment while a peer still reads it
         self.runs += 1
 
     def _barrier(self) -> None:
