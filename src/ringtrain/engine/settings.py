@@ -282,6 +282,14 @@ class Settings:
                 "always start a bucket's allreduce during the backward pass",
                 "send every bucket after the backward pass")),
         "when DistributedOptimizer starts its gradient allreduces (ringtrain/overlap.py)")
+    malloc: str = _knob(
+        "RINGTRAIN_MALLOC", "tuned",
+        Choice(("tuned", "system"),
+               ("glibc keeps freed memory below 32 MiB for the next step instead of returning it to the "
+                "kernel, so steps do not fault fresh pages in; the default",
+                "glibc's own defaults")),
+        "how malloc serves a training process (ringtrain/env/allocator.py); read at hvd.init() and by the "
+        "Trainer; a user's MALLOC_*_ variables, glibc.malloc tunables or an LD_PRELOADed allocator win")
     hierarchical_allreduce: bool = _knob(
         "HOROVOD_HIERARCHICAL_ALLREDUCE", False, Switch(),
         "allreduce within each host first, then across hosts (one rank per host), then broadcast within "

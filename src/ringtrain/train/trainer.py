@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from ringtrain.engine import elastic_rendezvous
+from ringtrain.engine.settings import read_knob
+from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.cores import usable_cores
 from ringtrain.train import rng
 from ringtrain.train.config import TrainerConfig
@@ -57,6 +59,8 @@ class Trainer:
             raise ValueError("both a scheduler and warmup_epochs were given; only one can drive the learning "
                              "rate. HINT: drop warmup_epochs, or fold the warm-up into your scheduler.")
         init_logger()
+        # Before any tensor is allocated; every strategy (the single baseline too) runs with the same malloc.
+        tune_allocator(read_knob("malloc"))
         #: Elastic mode: asked for, or (by default) when started by ringtrain run's elastic driver.
         self.elastic = config.elastic if config.elastic is not None else elastic_rendezvous.enabled()
         self.strategy: Strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
