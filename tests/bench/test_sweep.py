@@ -85,3 +85,6 @@ def test_a_built_in_workload_timed_by_epochs(tmp_path):
     assert runs["horovod"]["items"] == 3 * 64 * 2
     for run in runs.values():
         assert run["seconds_per_epoch"] == pytest.approx(512 / run["items_per_second"])
+        # the baseline and the ranks ran with the same malloc (the default, tuned where glibc allows)
+        assert {report["malloc"] for report in run["reports"]} == {runs["single"]["reports"][0]["malloc"]}
+        assert run["reports"][0]["malloc"].startswith(("tuned", "system ("))
