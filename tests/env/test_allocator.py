@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -34,8 +35,6 @@ print(json.dumps({"state": state, "again": again, "faults": faults}))
 
 
 def _rounds(setting: str, **env: str) -> dict:
-    import os
-
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", _STEPS, setting], env={**environ, **env},
                          capture_output=True, text=True, check=True)

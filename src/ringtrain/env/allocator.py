@@ -56,14 +56,14 @@ def tune_allocator(setting: str, environ: Mapping[str, str] | None = None) -> st
     global _state
     if _state is not None:
         return _state
-    environ = os.environ if environ is None else environ
-    why = None if setting == "tuned" else ""
+    if setting != "tuned":
+        _state = "system"
+        return _state
+    why = _why_not(os.environ if environ is None else environ) or _apply()
     if why is None:
-        why = _why_not(environ)
-    if why is None:
-        why = _apply()
-    _state = "tuned" if why is None else ("system" + (f" ({why})" if why else ""))
-    if why:
+        _state = "tuned"
+    else:
+        _state = f"system ({why})"
         log.debug("malloc keeps glibc's defaults: %s", why)
     return _state
 
