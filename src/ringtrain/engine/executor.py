@@ -254,7 +254,7 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     wire = buffer if via == local else buffer.cpu()
     if dtype in _WIRE_DTYPE:
         wire = wire.to(_WIRE_DTYPE[dtype])
-    if wire.numel() > 0 and arena is None:
+    if wire.numel() > 0:
         hierarchy = groups.extra.get("hierarchy")
         if ref.reduce_op == ADASUM:
             counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
