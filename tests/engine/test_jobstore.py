@@ -7,6 +7,7 @@ import datetime
 import logging
 import os
 import select
+import signal
 import socket
 import struct
 import threading
@@ -127,6 +128,44 @@ def test_timeouts_raise_torchs_store_error(store):
         store.multi_get(["never"])
     store.set("after", "1")  # the connection is still good
     assert store.get("after") == b"1"
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_request_interrupted_by_a_signal_drops_the_connection_instead_of_reading_its_reply_later(
+        server, store, monkeypatch):
+    """The launcher's Ctrl-C arrives as an exception raised wherever its main thread is, often waiting
+    for a reply; the next request on that connection must not take the late reply for its own."""
+    receiving = threading.Event()
+    real_recv = jobstore._recv_exact
+
+    def recv_exact(sock: socket.socket, count: int) -> bytes:
+        receiving.set()
+        return real_recv(sock, count)
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise _Interrupted
+
+    monkeypatch.setattr(jobstore, "_recv_exact", recv_exact)
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    main = threading.get_ident()
+    sender = threading.Thread(target=lambda: receiving.wait(60) and signal.pthread_kill(main, signal.SIGUSR1))
+    try:
+        sender.start()
+        with pytest.raises(_Interrupted):
+            store.wait(["never"], datetime.timedelta(seconds=2))
+    finally:
+        sender.join(60)
+        signal.signal(signal.SIGUSR1, previous)
+    # Kept open, the connection would hand the wait's timeout reply to this request.
+    with pytest.raises(JobStoreError, match="connection to the job store .* is closed"):
+        store.set("k", "v")
+    fresh = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+    fresh.set("k", "v")
+    assert fresh.get("k") == b"v"
+    fresh.close()
 
 
 def test_prefix_store_and_a_gloo_group_run_on_it(server):

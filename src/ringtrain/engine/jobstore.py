@@ -556,6 +556,12 @@ class JobStore(dist.Store):
                 raise JobStoreError(
                     f"lost the connection to the job store at {self.address}: {exc}. HINT: the launcher or "
                     "rank 0 that hosts it has probably exited; look for its error first.") from None
+            except BaseException:
+                # A signal handler raised mid-request (Ctrl-C, torch's SignalException): the reply, or
+                # the rest of it, is still on its way, and the next request would read it as its own.
+                self._sock = None
+                sock.close()
+                raise
         if status == _TIMEOUT:
             raise dist.DistStoreError(
                 f"timed out after {limit:g} s waiting in the job store at {self.address} for "
