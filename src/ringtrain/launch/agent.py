@@ -174,6 +174,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
     from ringtrain.launch.rendezvous import BACKEND, NodeMeeting, NodeView
     from ringtrain.launch.restarts import GroupAgent, Restart, run_agent
+    from ringtrain.launch.stopping import StopGuard
 
     host = spec.host or socket.gethostname()
     log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
@@ -214,6 +215,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
     history: list[tuple[Restart, list[RankFailure]]] = []
     agents: list[GroupAgent] = []
+    # A driver that started this agent speaks to the user itself; a signal reaches us from it.
+    guard = StopGuard(lambda: agents[0].rank_pids() if agents else [], interactive=not spec.failure_marker)
 
     def on_restart(restart: Restart) -> None:
         failures = [_failure_from(rank, pf, host, _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
@@ -228,7 +231,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                 if meeting is not None:
                     torch_config.rdzv_configs.update(meeting.open())
                     os.environ[ENV_ADDRESS] = meeting.address
-                run_agent(torch_config, sys.executable, args, on_restart=on_restart, on_agent=agents.append)
+                run_agent(torch_config, sys.executable, args, on_restart=on_restart, on_agent=agents.append,
+                          stop_guard=guard)
             finally:
                 relay.stop()  # every rank's output is out before a failure report follows it
         if agents and agents[0].closed_while_finishing:
@@ -275,6 +279,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         sys.stderr.flush()
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
+        guard.finish()
 
 
 def _restart_line(restart: Any, failures: list[RankFailure], host: str) -> str:

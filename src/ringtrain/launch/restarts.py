@@ -34,6 +34,7 @@ from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 
 from ringtrain.launch import rendezvous as _rendezvous  # registers the "ringtrain" backend
 from ringtrain.launch.environ import patched_environ
+from ringtrain.launch.stopping import StopGuard
 
 #: The variable that tells a worker which attempt it belongs to (0 first, then 1 per group restart).
 ENV_ATTEMPT = "RINGTRAIN_ATTEMPT"
@@ -55,8 +56,9 @@ class GroupAgent(LocalElasticAgent):
     """torch's agent, with restarts recorded, ``RINGTRAIN_ATTEMPT``, an exit barrier that ends on close."""
 
     def __init__(self, *args: Any, on_restart: Callable[[Restart], None] | None = None,
-                 **kwargs: Any) -> None:
+                 stop_guard: StopGuard | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._stop_guard = stop_guard
         self.restarts: list[Restart] = []
         self._on_restart = on_restart
         self._last: RunResult | None = None
@@ -91,7 +93,14 @@ class GroupAgent(LocalElasticAgent):
         self._starts += 1
         # Workers inherit this process's environment; the variable is set only while they start.
         with patched_environ({ENV_ATTEMPT: str(self.attempt)}):
-            return super()._start_workers(worker_group)
+            started = super()._start_workers(worker_group)
+        if self._stop_guard is not None:
+            self._stop_guard.install()  # over the handlers torch installed as it started the ranks
+        return started
+
+    def rank_pids(self) -> list[int]:
+        """The pids of this node's ranks running now ([] before the first start)."""
+        return list(self._pcontext.pids().values()) if self._pcontext is not None else []
 
     def _exit_barrier(self) -> None:
         group = self._worker_group
@@ -129,7 +138,8 @@ class GroupAgent(LocalElasticAgent):
 
 def run_agent(config: TorchLaunchConfig, entrypoint: str, args: list[str],
               on_restart: Callable[[Restart], None] | None = None,
-              on_agent: Callable[[GroupAgent], None] | None = None) -> dict[int, Any]:
+              on_agent: Callable[[GroupAgent], None] | None = None,
+              stop_guard: StopGuard | None = None) -> dict[int, Any]:
     """Run one node's ranks under :class:`GroupAgent`; returns their results, raises ``ChildFailedError``.
 
     ``on_agent`` receives the agent before it starts (the caller reads its restarts afterwards, also
@@ -149,7 +159,8 @@ def run_agent(config: TorchLaunchConfig, entrypoint: str, args: list[str],
                       monitor_interval=config.monitor_interval, master_addr=master_addr,
                       master_port=master_port, local_addr=config.local_addr)
     agent = GroupAgent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
-                       log_line_prefix_template=config.log_line_prefix_template, on_restart=on_restart)
+                       log_line_prefix_template=config.log_line_prefix_template, on_restart=on_restart,
+                       stop_guard=stop_guard)
     if on_agent is not None:
         on_agent(agent)
     close_handler = True

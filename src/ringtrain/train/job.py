@@ -293,9 +293,14 @@ def launch_job(job: TrainJob) -> int:
     A run stopped by Ctrl-C (or SIGTERM, SIGHUP) says which snapshot was written last and that the
     same command resumes from it, and returns 128 + the signal's number.
     """
+    from ringtrain.launch.stopping import at_forced_exit
+
     check_snapshot_dir(job)
     try:
-        code = _launch(job)
+        # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
+        with at_forced_exit(lambda signum: print(stopped_message(job, signal.Signals(signum).name),
+                                                 file=sys.stderr, flush=True)):
+            code = _launch(job)
     except KeyboardInterrupt:
         code = 128 + signal.SIGINT
     if code in _STOPPED_BY:
