@@ -38,7 +38,8 @@ def _raise_stopped(_signum: int, _frame: object) -> None:
 def rank() -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
     yield proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -140,7 +141,8 @@ def test_the_watchdog_ends_a_stop_that_hangs_with_the_stacks_killed_ranks_and_th
     rank_pid = int(proc.stdout.split()[0])
     assert "not reached" not in proc.stdout
     assert "still stopping 1 s after SIGINT; the stack of every thread follows" in proc.stderr
-    assert "most recent call first" in proc.stderr and "stuck.py" in proc.stderr  # faulthandler's dump
+    assert "most recent call first" in proc.stderr  # faulthandler's dump
+    assert "stuck.py" in proc.stderr
     assert f"forced exit on {int(signal.SIGINT)}" in proc.stderr
     with pytest.raises(ProcessLookupError):
         deadline = time.monotonic() + 60
@@ -177,7 +179,8 @@ def test_ringtrain_run_a_second_ctrl_c_kills_ranks_that_ignore_the_first(tmp_pat
                              str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         out, err = _lines(proc.stdout), _lines(proc.stderr)
         seen_out: list[str] = []
         for _ in range(2):
