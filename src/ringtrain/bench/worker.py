@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ringtrain.bench.hook import report
 from ringtrain.bench.machine import boot_id, cpu_model
 from ringtrain.env.allocator import allocator_state
+from ringtrain.env.binding import binding_state
 from ringtrain.env.cores import usable_cores
 
 
@@ -156,7 +157,7 @@ def run(spec: dict[str, Any]) -> str:
                   steps_per_epoch=len(step_items) // epochs if spec.get("epochs") else None,
                   strategy=spec.get("bench_strategy"), threads=torch.get_num_threads(), cores=usable_cores(),
                   cpu=cpu_model(), boot_id=boot_id(), python=platform.python_version(), phases=phases,
-                  pid=os.getpid(), malloc=allocator_state())
+                  pid=os.getpid(), malloc=allocator_state(), bind=binding_state())
 
 
 @record

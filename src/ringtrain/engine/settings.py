@@ -290,6 +290,13 @@ class Settings:
                 "glibc's own defaults")),
         "how malloc serves a training process (ringtrain/env/allocator.py); read at hvd.init() and by the "
         "Trainer; a user's MALLOC_*_ variables, glibc.malloc tunables or an LD_PRELOADed allocator win")
+    bind: str = _knob(
+        "RINGTRAIN_BIND", "none",
+        Choice(("none", "core"),
+               ("the kernel places every thread; the default",
+                "rank r of n on a host runs on the r-th of n equal shares of its physical cores, like "
+                "mpirun --bind-to core; left alone where the process is bound already")),
+        "where a rank's threads run (ringtrain/env/binding.py); read at hvd.init() and by the Trainer")
     hierarchical_allreduce: bool = _knob(
         "HOROVOD_HIERARCHICAL_ALLREDUCE", False, Switch(),
         "allreduce within each host first, then across hosts (one rank per host), then broadcast within "

@@ -15,6 +15,7 @@ from ringtrain.engine.requests import OpType
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.store import rendezvous
 from ringtrain.env.allocator import tune_allocator
+from ringtrain.env.binding import bind_rank
 from ringtrain.exceptions import ElasticWorkerExit, SettingError
 from ringtrain.ops.requests import control_op, synchronize
 from ringtrain.process_sets import ProcessSet, global_process_set, register_static
@@ -54,6 +55,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         static = list(process_sets)
     settings = Settings.from_environ()
     tune_allocator(settings.malloc)
+    bind_rank(settings.bind)
     try:
         world, engine = _start_engine(settings, static)
     except (ValueError, ElasticWorkerExit):

@@ -23,6 +23,7 @@ from torch import nn
 from ringtrain.engine import elastic_rendezvous
 from ringtrain.engine.settings import read_knob
 from ringtrain.env.allocator import tune_allocator
+from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
 from ringtrain.train import rng
 from ringtrain.train.config import TrainerConfig
@@ -61,6 +62,7 @@ class Trainer:
         init_logger()
         # Before any tensor is allocated; every strategy (the single baseline too) runs with the same malloc.
         tune_allocator(read_knob("malloc"))
+        bind_rank(read_knob("bind"))
         #: Elastic mode: asked for, or (by default) when started by ringtrain run's elastic driver.
         self.elastic = config.elastic if config.elastic is not None else elastic_rendezvous.enabled()
         self.strategy: Strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
