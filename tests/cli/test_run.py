@@ -79,6 +79,7 @@ def test_flags(argv, field, value):
     (["--network-interfaces", "eth0,eth1"], "NCCL_SOCKET_IFNAME", "eth0,eth1"),
     (["--start-timeout", "45"], "HOROVOD_START_TIMEOUT", "45"),
     (["--tcp"], "NCCL_IB_DISABLE", "1"),
+    (["--bind-to", "core"], "RINGTRAIN_BIND", "core"),
 ])
 def test_tuning_flags_set_worker_variables(argv, variable, value):
     assert parse([*argv, "python", "x.py"]).worker_env[variable] == value
@@ -137,6 +138,7 @@ def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
      "seconds and must be > 0"),
     (["--stall-check-warning-time-seconds", "0"],
      "HOROVOD_STALL_CHECK_TIME_SECONDS='0', which is out of range"),
+    (["--bind-to", "socket"], "--bind-to socket sets RINGTRAIN_BIND='socket'"),
 ])
 def test_tuning_flags_are_judged_by_the_workers_rules(argv, needle, capsys):
     code, err = run_cli(["-np", "2", *argv, "python", "-c", "pass"], capsys)
@@ -414,7 +416,7 @@ PUBLIC_FLAGS = {
     "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
     "--autotune-gaussian-process-noise", "--timeline-filename", "--timeline-mark-cycles",
     "--no-stall-check", "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
-    "--gloo-timeout-seconds", "--num-nccl-streams", "--thread-affinity", "--mpi-threads-disable",
+    "--gloo-timeout-seconds", "--num-nccl-streams", "--bind-to", "--thread-affinity", "--mpi-threads-disable",
     "--log-without-timestamp", "--tcp", "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend",
     "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--master-addr", "--master-port",
     "--no-horovod-shim", "-x", "--export", "-m", "--module", "--no-python", "--run-path", "--log-dir",
@@ -457,3 +459,21 @@ def test_a_former_internal_flag_is_refused(capsys):
         main(["run", "--node-slots", "1,1", "python", "x.py"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --node-slots" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or len(os.sched_getaffinity(0)) < (os.cpu_count() or 0),
+                    reason="needs 2 or more CPUs, none of them taken away from this process")
+def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path):
+    """A plain script (no hvd.init, no Trainer): the mask is set before it runs, in every thread."""
+    script = tmp_path / "mask.py"
+    script.write_text("import os, sys\n"
+                      "with open(os.path.join(sys.argv[1], os.environ['RANK']), 'w') as fp:\n"
+                      "    fp.write(' '.join(map(str, sorted(os.sched_getaffinity(0)))))\n")
+    result = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "--bind-to", "core",
+                             sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    masks = [set(map(int, (tmp_path / str(rank)).read_text().split())) for rank in range(2)]
+    assert all(masks), masks
+    assert not masks[0] & masks[1]
+    assert masks[0] | masks[1] <= os.sched_getaffinity(0)

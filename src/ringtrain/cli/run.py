@@ -82,6 +82,9 @@ TUNING_FLAGS: tuple[TuningFlag, ...] = (
                "timeout of gloo rendezvous and operations in seconds"),
     TuningFlag("--num-nccl-streams", "num_nccl_streams", "HOROVOD_NUM_NCCL_STREAMS", "int",
                "NCCL streams (accepted)"),
+    TuningFlag("--bind-to", "bind_to", "RINGTRAIN_BIND", "str",
+               "none (the default) or core: each rank of a host runs on its own share of the physical "
+               "cores, like mpirun --bind-to core (docs/engine.md)"),
     TuningFlag("--thread-affinity", "thread_affinity", "HOROVOD_THREAD_AFFINITY", "str",
                "background thread affinity (accepted)"),
     TuningFlag("--mpi-threads-disable", "mpi_threads_disable", "HOROVOD_MPI_THREADS_DISABLE", "true",

@@ -170,7 +170,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     die_with_parent()
     os.environ.update(horovod_variables(os.environ))
+    bind_to_cores(os.environ)
     return run_command(argv)
+
+
+def bind_to_cores(environ: Mapping[str, str]) -> None:
+    """``RINGTRAIN_BIND`` before the command starts a thread, for any script (exec keeps the mask)."""
+    from ringtrain.engine.settings import read_knob
+    from ringtrain.env.binding import bind_rank
+    from ringtrain.exceptions import SettingError
+
+    try:
+        setting = read_knob("bind", environ)
+    except SettingError:
+        return  # the launcher refuses a bad value before any rank starts; hvd.init() names it too
+    bind_rank(setting, environ)
 
 
 def run_command(argv: list[str]) -> int:
