@@ -144,6 +144,7 @@ class StopGuard:
         os._exit(128 + self.signum)
 
     def _say(self, text: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        # RuntimeError: the signal interrupted this thread inside a write to the same stream.
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
             print(f"ringtrain run: {text}", file=self._stream(), flush=True)
 
