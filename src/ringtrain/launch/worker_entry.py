@@ -176,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def bind_to_cores(environ: Mapping[str, str]) -> None:
     """``RINGTRAIN_BIND`` before the command starts a thread, for any script (exec keeps the mask)."""
+    if "RINGTRAIN_BIND" not in environ:
+        return  # the default, none: not worth importing the settings (60 ms) into every rank
     from ringtrain.engine.settings import read_knob
     from ringtrain.env.binding import bind_rank
     from ringtrain.exceptions import SettingError
