@@ -18,6 +18,7 @@ import pytest
 from ringtrain.cli.main import main
 from ringtrain.cli.run import add_run_arguments, config_from_args
 from ringtrain.shim import SHIM_DIR
+from tests.processes import alive
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "launch" / "scripts"
 REPORT_ENV = str(SCRIPTS / "report_env.py")
@@ -264,14 +265,6 @@ def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):
     assert [(ranks[r]["HOROVOD_HOSTNAME"], ranks[r]["HOROVOD_LOCAL_RANK"], ranks[r]["HOROVOD_CROSS_RANK"],
              ranks[r]["HOROVOD_CROSS_SIZE"]) for r in range(3)] == [
         ("localhost", "0", "0", "2"), ("localhost", "1", "0", "1"), ("127.0.0.1", "0", "1", "2")]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize(("hosts", "sig"), [

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.system import ROOT, clean_env, wait_for
+from tests.processes import alive
 
 SCRIPT = Path(__file__).resolve().with_name("mnist_elastic.py")
 SAMPLES = 480
@@ -82,14 +83,6 @@ class ElasticJob:
             seen = json.loads((self.out / f"epoch-{epoch}.json").read_text())["seen"]
             assert len(seen) == SAMPLES
             assert set(seen) == {1}, f"epoch {epoch}: samples seen {sorted(set(seen))} times, not once"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def assert_no_worker_left(job: ElasticJob) -> None:

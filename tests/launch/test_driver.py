@@ -20,6 +20,7 @@ from ringtrain.launch.config import DriverLink, LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
 from ringtrain.launch.report import RankFailure
+from tests.processes import alive
 from tests.ranks import free_port
 
 REPORT_ENV = str(Path(__file__).resolve().parent / "scripts" / "report_env.py")
@@ -27,14 +28,6 @@ REPORT_ENV = str(Path(__file__).resolve().parent / "scripts" / "report_env.py")
 
 def read_ranks(folder: Path) -> dict[int, dict]:
     return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(condition, timeout: float = 120.0) -> bool:

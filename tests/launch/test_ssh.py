@@ -22,6 +22,7 @@ import pytest
 
 import ringtrain.launch.driver as driver
 from ringtrain.cli.main import main
+from tests.processes import alive
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
@@ -106,16 +107,8 @@ def test_remote_rank_killed_is_the_root_cause(sshd, loopback_is_remote, tmp_path
     assert err.count("Root cause") == 1
     assert "host       : 127.0.0.1" in err
     assert "SIGKILL" in err
-    survivors = [env["pid"] for env in read_ranks(tmp_path).values() if _alive(env["pid"])]
+    survivors = [env["pid"] for env in read_ranks(tmp_path).values() if alive(env["pid"])]
     assert survivors == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_secret_never_travels_on_a_command_line(sshd, loopback_is_remote, tmp_path, capsys, monkeypatch):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from ringtrain.launch.stopping import REPEAT_AFTER_S, STOP_SIGNALS, StopGuard
+from tests.processes import alive
 
 # A rank that ignores every stop signal, as one stuck in a C call or a careless script does.
 STUBBORN = ("import signal, sys, time\n"
@@ -145,18 +146,9 @@ def test_the_watchdog_ends_a_stop_that_hangs_with_the_stacks_killed_ranks_and_th
     assert "stuck.py" in proc.stderr
     assert f"forced exit on {int(signal.SIGINT)}" in proc.stderr
     deadline = time.monotonic() + 60
-    while _alive(rank_pid) and time.monotonic() < deadline:
+    while alive(rank_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(rank_pid)
-
-
-def _alive(pid: int) -> bool:
-    """Running: neither gone nor a zombie (whether init reaps orphans depends on the container)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not alive(rank_pid)
 
 
 def _lines(stream: io.TextIOBase) -> queue.Queue[str]:
