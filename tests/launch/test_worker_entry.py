@@ -1,6 +1,13 @@
-"""HOROVOD_* variables derived from the elastic agent's variables."""
+"""HOROVOD_* variables derived from the elastic agent's variables, and a rank's end with its agent."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
 
 from ringtrain.launch.worker_entry import horovod_variables, is_python
+from tests.processes import alive
 
 
 def test_single_node_variables():
@@ -72,3 +79,39 @@ def test_the_error_file_holds_the_exception(tmp_path):
     assert body["message"]["message"] == "ValueError: boom"
     assert "raise ValueError" in body["message"]["extraInfo"]["py_callstack"]
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]
+
+
+# The agent: starts a rank that ignores SIGTERM (the kernel's parent-death signal) and watches for
+# being orphaned with a short grace, prints the rank's pid, then waits to be killed.
+_AGENT = """
+import subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", '''
+import os, signal, time
+from ringtrain.launch.worker_entry import end_when_orphaned
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+end_when_orphaned(os.getppid(), grace_s=0.5, poll_s=0.05)
+print(os.getpid(), flush=True)
+while True:
+    time.sleep(1)
+'''], stdout=subprocess.PIPE, text=True, start_new_session=True)
+print(rank.stdout.readline().strip(), flush=True)
+rank.wait()
+"""
+
+
+def test_a_rank_that_ignores_sigterm_still_ends_after_its_agent_is_killed():
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT], stdout=subprocess.PIPE, text=True)
+    assert agent.stdout is not None
+    rank = int(agent.stdout.readline())
+    try:
+        assert alive(rank)
+        agent.send_signal(signal.SIGKILL)  # an OOM kill or kill -9 of the launcher
+        agent.wait()
+        deadline = time.monotonic() + 60
+        while alive(rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(rank)
+    finally:
+        if alive(rank):
+            os.kill(rank, signal.SIGKILL)

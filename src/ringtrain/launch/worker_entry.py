@@ -20,6 +20,7 @@ import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -162,13 +163,43 @@ def die_with_parent() -> bool:
     return True
 
 
+#: Seconds a Python rank whose agent died may live on (its own SIGTERM handling, a last checkpoint)
+#: before it is ended; the agent gives its ranks as long when it stops them itself.
+ORPHAN_GRACE_S = 30.0
+
+
+def end_when_orphaned(agent: int, grace_s: float = ORPHAN_GRACE_S, poll_s: float = 1.0) -> threading.Thread:
+    """End this process ``grace_s`` after its parent ``agent`` is gone, whatever it does with SIGTERM.
+
+    The kernel's parent-death signal is SIGTERM, which a script may ignore or handle by carrying on
+    (and a rank blocked in a C call handles it only once the call returns): such a rank would outlive
+    its job, holding its GPU and ports. A thread is beyond the script's signal settings. It lasts
+    until ``exec``, so commands that are not Python get the kernel's signal alone.
+    """
+    def watch() -> None:
+        while os.getppid() == agent:
+            time.sleep(poll_s)
+        time.sleep(grace_s)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"ringtrain: this rank's launcher ended {grace_s:g} s ago; ending the rank.\n")
+            sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="ringtrain-orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Set the Horovod variables, then run or exec the command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("ringtrain.launch.worker_entry: no command given", file=sys.stderr)
         return 2
+    agent = os.getppid()
     die_with_parent()
+    if sys.platform.startswith("linux"):
+        end_when_orphaned(agent)
     os.environ.update(horovod_variables(os.environ))
     bind_to_cores(os.environ)
     return run_command(argv)
