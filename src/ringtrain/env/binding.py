@@ -60,17 +60,13 @@ def parse_cpu_list(text: str) -> set[int]:
 
 def format_cpu_list(cpus: Sequence[int]) -> str:
     """The inverse of :func:`parse_cpu_list`, ranges collapsed: ``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    parts: list[str] = []
-    ordered = sorted(set(cpus))
-    start = prev = ordered[0] if ordered else 0
-    for cpu in ordered[1:] + [None]:  # type: ignore[list-item]
-        if cpu is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if cpu is not None:
-            start = prev = cpu
-    return ",".join(parts) if ordered else ""
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def share_of(local_rank: int, local_size: int, cores: list[list[int]]) -> list[int] | None:
@@ -91,7 +87,7 @@ def share_of(local_rank: int, local_size: int, cores: list[list[int]]) -> list[i
     return [by_sibling[local_rank]] if local_size <= len(by_sibling) else None
 
 
-def bind_rank(setting: str, environ: Mapping[str, str] | None = None, online: int | None = None) -> str:
+def bind_rank(setting: str, environ: Mapping[str, str] | None = None) -> str:
     """Apply ``RINGTRAIN_BIND`` (``core`` or ``none``) to this process once; returns what holds.
 
     The local rank and the number of ranks on this host come from the launcher's variables
@@ -113,7 +109,7 @@ def bind_rank(setting: str, environ: Mapping[str, str] | None = None, online: in
     except (ClusterEnvironmentError, ValueError) as exc:
         _state = f"none (this rank's place on its host is unknown: {exc})"
     else:
-        _state = _bind(local_rank, local_size, os.cpu_count() if online is None else online)
+        _state = _bind(local_rank, local_size, os.cpu_count())
     if _state.startswith("none ("):
         log.warning("RINGTRAIN_BIND=core: %s", _state)
     return _state
