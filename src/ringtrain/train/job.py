@@ -295,16 +295,18 @@ def launch_job(job: TrainJob) -> int:
     """
     from ringtrain.launch.stopping import at_forced_exit
 
+    def say_stopped(cause: str) -> None:
+        print(stopped_message(job, cause), file=sys.stderr, flush=True)
+
     check_snapshot_dir(job)
     try:
         # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
-        with at_forced_exit(lambda signum: print(stopped_message(job, signal.Signals(signum).name),
-                                                 file=sys.stderr, flush=True)):
+        with at_forced_exit(lambda signum: say_stopped(signal.Signals(signum).name)):
             code = _launch(job)
     except KeyboardInterrupt:
         code = 128 + signal.SIGINT
     if code in _STOPPED_BY:
-        print(stopped_message(job, _STOPPED_BY[code]), file=sys.stderr, flush=True)
+        say_stopped(_STOPPED_BY[code])
     return code
 
 
