@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+
+def owns_two_or_more_cpus() -> bool:
+    """This process may run on every online CPU, and there are at least two (binding tests need both)."""
+    usable = len(os.sched_getaffinity(0))
+    return usable >= 2 and usable >= (os.cpu_count() or 0)
+
 
 def alive(pid: int) -> bool:
     """Running: neither gone nor a zombie (whether init reaps orphans depends on the container)."""

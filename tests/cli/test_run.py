@@ -18,7 +18,7 @@ import pytest
 from ringtrain.cli.main import main
 from ringtrain.cli.run import add_run_arguments, config_from_args
 from ringtrain.shim import SHIM_DIR
-from tests.processes import alive
+from tests.processes import alive, owns_two_or_more_cpus
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "launch" / "scripts"
 REPORT_ENV = str(SCRIPTS / "report_env.py")
@@ -454,7 +454,7 @@ def test_a_former_internal_flag_is_refused(capsys):
     assert "unrecognized arguments: --node-slots" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or len(os.sched_getaffinity(0)) < (os.cpu_count() or 0),
+@pytest.mark.skipif(not owns_two_or_more_cpus(),
                     reason="needs 2 or more CPUs, none of them taken away from this process")
 def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path):
     """A plain script (no hvd.init, no Trainer): the mask is set before it runs, in every thread."""

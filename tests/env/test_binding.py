@@ -11,6 +11,7 @@ import pytest
 
 from ringtrain.env import binding
 from ringtrain.env.binding import format_cpu_list, parse_cpu_list, physical_cores, share_of
+from tests.processes import owns_two_or_more_cpus
 
 # 4 physical cores with 2 hardware threads each, numbered as Linux does on most x86 hosts.
 HT4 = [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -80,8 +81,8 @@ def _rank(setting: str, local_rank: int, local_size: int, cpus: set[int] | None 
     return json.loads(out.stdout)
 
 
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or len(os.sched_getaffinity(0)) < (
-    os.cpu_count() or 0), reason="needs 2 or more CPUs, none of them taken away from this process")
+needs_two_cpus = pytest.mark.skipif(not owns_two_or_more_cpus(),
+                                    reason="needs 2 or more CPUs, none of them taken away from this process")
 
 
 @needs_two_cpus
