@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from ringtrain.launch.worker_entry import horovod_variables, is_python
+from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE, agent_pid, horovod_variables, is_python
 from tests.processes import alive
 
 
@@ -115,3 +115,45 @@ def test_a_rank_that_ignores_sigterm_still_ends_after_its_agent_is_killed():
     finally:
         if alive(rank):
             os.kill(rank, signal.SIGKILL)
+
+
+def test_agent_pid_comes_from_the_agent_and_is_not_passed_on():
+    env = {AGENT_PID_VARIABLE: "4242"}
+    assert agent_pid(env) == 4242
+    assert AGENT_PID_VARIABLE not in env  # a ringtrain run the rank starts sets its own
+    assert agent_pid({}) == os.getppid()
+    assert agent_pid({AGENT_PID_VARIABLE: "not a pid"}) == os.getppid()
+
+
+# A subreaper (as a container's init is) starts an agent that starts a rank and dies before the
+# rank's worker_entry runs: the rank is adopted by the subreaper, not by pid 1. It must end at once
+# (SIGTERM), not take the subreaper for its agent and run on. The subreaper reaps every child it
+# gets and prints how the rank ended.
+_SUBREAPER = """
+import ctypes, os, subprocess, sys
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+agent = subprocess.Popen([sys.executable, "-c", '''
+import os, subprocess, sys
+env = {**os.environ, "RINGTRAIN_AGENT_PID": str(os.getpid()), "RANK": "0", "WORLD_SIZE": "1",
+       "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}
+# The rank waits for this agent to be gone, then becomes worker_entry (exec keeps its pid).
+subprocess.Popen(["sh", "-c", 'while kill -0 "$0" 2>/dev/null; do sleep 0.01; done; exec "$@"',
+                  str(os.getpid()), sys.executable, "-m", "ringtrain.launch.worker_entry",
+                  sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+'''])
+agent.wait()
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        break
+    print("signal" if os.WIFSIGNALED(status) else "exit", os.WTERMSIG(status) if os.WIFSIGNALED(status)
+          else os.WEXITSTATUS(status), flush=True)
+"""
+
+
+def test_a_rank_whose_agent_died_before_it_started_ends_under_a_subreaper():
+    done = subprocess.run([sys.executable, "-c", _SUBREAPER], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == f"signal {int(signal.SIGTERM)}", done.stdout + done.stderr

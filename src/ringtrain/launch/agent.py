@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.environ import patched_environ
 from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
+from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -197,6 +198,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     env = {**relay.worker_variables(), **spec.env}
     # the agent writes this into os.environ; listing it here makes patched_environ restore it.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
+    env[AGENT_PID_VARIABLE] = str(os.getpid())  # the ranks' parent: how each learns that this agent died
     meeting = None
     if backend == BACKEND:
         secret = store_host.node_secret(os.environ, whole_job_here=spec.max_nodes == 1, given=spec.secret)

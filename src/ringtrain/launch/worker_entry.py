@@ -28,6 +28,11 @@ from collections.abc import Mapping, MutableMapping, Sequence
 #: Set for the workers of ``ringtrain run --no-python``: the command is exec'd as it is. Not a
 #: ``RINGTRAIN_<DEST>`` flag variable, so a ``ringtrain run`` that a worker starts does not inherit the flag.
 NO_PYTHON_VARIABLE = "RINGTRAIN_WORKER_NO_PYTHON"
+#: Set by the agent for its ranks: its pid. A rank learns that its agent died when its parent changes;
+#: comparing with pid 1 would miss an orphan adopted by a subreaper (a container's init, ``systemd
+#: --user``), and reading its parent at start-up would take the subreaper for the agent if the agent
+#: died first.
+AGENT_PID_VARIABLE = "RINGTRAIN_AGENT_PID"
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -139,16 +144,25 @@ def run_python(argv: Sequence[str]) -> int:
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> bool:
+def agent_pid(environ: MutableMapping[str, str]) -> int:
+    """The pid of the agent that started this rank (taken out of ``environ``), else the parent's."""
+    value = environ.pop(AGENT_PID_VARIABLE, "")
+    return int(value) if value.isdigit() else os.getppid()
+
+
+def die_with_parent(parent: int | None = None) -> bool:
     """Ask the kernel for SIGTERM when the agent that started us dies (Linux; False elsewhere).
 
     The agent stops its workers itself on SIGTERM/SIGINT, but SIGKILL (an out-of-memory kill, a
     scheduler's hard stop, ``kill -9`` of the launcher) gives it no chance: without this, its ranks
     would keep running, holding GPUs and ports. The request survives ``exec``, so it also covers
-    non-Python commands.
+    non-Python commands. ``parent`` is the agent's pid (default: the parent's now): if the parent is
+    no longer that process once the request is in place, the agent died first and we end at once.
     """
     if not sys.platform.startswith("linux"):
         return False
+    if parent is None:
+        parent = os.getppid()
     try:
         import ctypes
 
@@ -157,7 +171,7 @@ def die_with_parent() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:
+    if os.getppid() != parent:
         # The agent died before the request took effect.
         os.kill(os.getpid(), signal.SIGTERM)
     return True
@@ -196,8 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         print("ringtrain.launch.worker_entry: no command given", file=sys.stderr)
         return 2
-    agent = os.getppid()
-    die_with_parent()
+    agent = agent_pid(os.environ)
+    die_with_parent(agent)
     if sys.platform.startswith("linux"):
         end_when_orphaned(agent)
     os.environ.update(horovod_variables(os.environ))
