@@ -20,6 +20,7 @@ from ringtrain.launch.config import DriverLink, LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
 from ringtrain.launch.report import RankFailure
+from ringtrain.launch.stopping import REPEAT_AFTER_S
 from tests.processes import alive
 from tests.ranks import free_port
 
@@ -159,6 +160,53 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
         assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30)
     finally:
         agent.stop()
+
+
+def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_request(tmp_path):
+    agent = Agent(driven_config(tmp_path, "stubborn"), tmp_path)
+    try:
+        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None)
+        assert agent.proc.poll() is None, agent.err.read_text()
+        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        agent.proc.stdin.write(driver.STOP_REQUEST + b"\n")
+        agent.proc.stdin.flush()
+        # The ranks ignore the stop: the agent gives them its grace, stdin still open.
+        with pytest.raises(subprocess.TimeoutExpired):
+            agent.proc.wait(timeout=3)
+        assert all(alive(pid) for pid in pids)
+        agent.proc.stdin.write(driver.KILL_REQUEST + b"\n")
+        agent.proc.stdin.flush()
+        # Well inside the 30 s the ranks would otherwise get.
+        assert agent.proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10)
+    finally:
+        agent.stop()
+
+
+def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    hosts = "localhost:1,127.0.0.1:1"  # two nodes, each with an agent the driver starts
+    proc = subprocess.Popen([sys.executable, "-m", "ringtrain.cli.main", "run", "-H", hosts,
+                             sys.executable, REPORT_ENV, str(tmp_path / "ranks"), "stubborn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or proc.poll() is not None)
+        assert proc.poll() is None
+        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        proc.send_signal(signal.SIGINT)
+        time.sleep(REPEAT_AFTER_S + 0.5)  # a second press, not the first delivered twice
+        assert proc.poll() is None
+        assert all(alive(pid) for pid in pids)  # the ranks ignore the first
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 128 + signal.SIGINT
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10)
+        err = proc.stderr.read().decode()
+        assert "SIGINT: stopping the ranks on every host (they get 30 s; press Ctrl-C again" in err
+        assert "SIGINT again: killing the ranks on every host now." in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, monkeypatch):

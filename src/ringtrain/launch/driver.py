@@ -34,6 +34,7 @@ from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
 from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, probe_hosts, remote_command
 from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.stopping import RANK_GRACE_S, REPEAT_AFTER_S, kill_process_groups
 from ringtrain.launch.worker_entry import is_python
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
@@ -42,6 +43,10 @@ SHUTDOWN_GRACE = 30.0
 BEAT_INTERVAL = 1.0
 #: The line a driven agent writes on stderr every second: the driver hears that its host is there.
 ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
+#: Requests a driver writes on an agent's stdin, each on a line of its own (an empty line is a
+#: heartbeat): stop the ranks as on SIGTERM, or kill them at once (a second Ctrl-C at the driver).
+#: End-of-file means "stop" too: the driver is gone.
+STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
 
 
 def check_command(command: Sequence[str], no_python: bool = False) -> None:
@@ -214,33 +219,46 @@ def _beat_to_driver(interval: float) -> threading.Thread:
 
 
 def _watch_stdin(silence_s: float, host: str) -> threading.Thread:
-    """A driver's agents stop when the driver goes away: EOF on stdin means SIGTERM to ourselves.
+    """A driver's agents stop when the driver asks or goes away, and kill their ranks when it asks.
+
+    :data:`STOP_REQUEST` or end-of-file on stdin means SIGTERM to ourselves (torch's agent then stops
+    its ranks); :data:`KILL_REQUEST` means SIGKILL to every rank's process group at once.
 
     The driver also writes a heartbeat line every second: once one has arrived, ``silence_s``
     (``RINGTRAIN_PEER_TIMEOUT_SECONDS``) without another means the driver's host is unreachable or
     the link to it is cut (ssh would notice only at the kernel's TCP timeout, minutes later), and
-    this host's ranks are stopped too. An agent whose driver never beats judges only EOF.
+    this host's ranks are stopped too. An agent whose driver never beats judges only EOF; one that was
+    asked to stop hears no more beats and keeps listening for a kill request.
 
     The agent's main thread can sit in a blocking store call (the exit barrier after its ranks
     finished, or a rendezvous) where Python signal handlers do not run; once none of our worker
     processes is left, exiting at once is safe, so the watcher does that.
     """
     def watch() -> None:
-        heard, last = False, time.monotonic()
+        heard, last, stopping, partial = False, time.monotonic(), False, b""
         # os.read on the raw descriptor: a daemon thread blocked in sys.stdin would hold its lock at exit.
         with contextlib.suppress(OSError, ValueError):
             while True:
                 ready, _, _ = select.select([0], [], [], 1.0)
                 if ready:
-                    if not os.read(0, 4096):
+                    data = os.read(0, 4096)
+                    if not data:
                         break
                     heard, last = True, time.monotonic()
-                elif heard and time.monotonic() - last > silence_s:
+                    *lines, partial = (partial + data).split(b"\n")
+                    if KILL_REQUEST in lines:
+                        kill_process_groups(live_children(os.getpid()))
+                        break
+                    if STOP_REQUEST in lines and not stopping:
+                        stopping = True
+                        os.kill(os.getpid(), signal.SIGTERM)
+                elif heard and not stopping and time.monotonic() - last > silence_s:
                     print(f"ringtrain run: host {host}: no word from the launcher for {silence_s:g} s "
                           "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to it "
                           "is cut; stopping the ranks of this host.", file=sys.stderr, flush=True)
                     break
-        os.kill(os.getpid(), signal.SIGTERM)
+        if not stopping:
+            os.kill(os.getpid(), signal.SIGTERM)
         while True:
             time.sleep(1.0)
             children = live_children(os.getpid())
@@ -416,13 +434,30 @@ class _Node:
         return True
 
     def stop(self) -> None:
-        """Ask the agent to stop its ranks: EOF on its stdin (also over ssh), SIGTERM when local."""
+        """Ask the agent to stop its ranks: a stop request on its stdin (also over ssh), which stays
+        open for a kill request, or EOF where the request cannot be written; SIGTERM when local."""
         self._stopping = True
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()  # type: ignore[union-attr]
+        if not self._request(STOP_REQUEST):
+            self._close_stdin()
         if not self.remote and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
+
+    def kill_ranks(self) -> None:
+        """Ask the agent to kill its ranks now (a second Ctrl-C), then close its stdin."""
+        self._stopping = True
+        self._request(KILL_REQUEST)
+        self._close_stdin()
+
+    def _request(self, request: bytes) -> bool:
+        try:
+            return os.write(self.proc.stdin.fileno(), request + b"\n") == len(request) + 1  # type: ignore[union-attr]
+        except (OSError, ValueError):  # a full pipe, an agent gone, stdin already closed
+            return False
+
+    def _close_stdin(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -464,9 +499,16 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
     lock = threading.Lock()
     procs: list[_Node] = []
     stop_signal: list[int] = []
+    first_signal_at = [0.0]
+    kill_asked: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        stop_signal.append(signum)
+        # A second signal kills the ranks now; one within REPEAT_AFTER_S is the first delivered twice.
+        if not stop_signal:
+            first_signal_at[0] = time.monotonic()
+            stop_signal.append(signum)
+        elif time.monotonic() - first_signal_at[0] >= REPEAT_AFTER_S:
+            kill_asked.append(signum)
 
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}
@@ -489,6 +531,7 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                 procs.append(_Node(k, node.host, cmd, None, True, failures, lock))
             store_host.send_secret(procs[-1].proc.stdin, secret)
         stopping_since: float | None = None
+        killing = False
         beat_interval = min(BEAT_INTERVAL, peer_timeout / 4)
         next_beat = 0.0
         while any(p.proc.poll() is None for p in procs):
@@ -508,8 +551,19 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
                    or any(p.proc.poll() not in (None, 0) for p in procs))
             if bad and stopping_since is None:
                 stopping_since = time.monotonic()
+                if stop_signal:
+                    name = signal.Signals(stop_signal[0]).name
+                    again = "press Ctrl-C again" if stop_signal[0] == signal.SIGINT else f"send {name} again"
+                    print(f"ringtrain run: {name}: stopping the ranks on every host (they get "
+                          f"{RANK_GRACE_S:g} s; {again} to kill them now).", file=sys.stderr, flush=True)
                 for p in procs:
                     p.stop()
+            if kill_asked and not killing:
+                killing = True
+                print(f"ringtrain run: {signal.Signals(kill_asked[0]).name} again: killing the ranks on "
+                      "every host now.", file=sys.stderr, flush=True)
+                for p in procs:
+                    p.kill_ranks()
             if stopping_since is not None and time.monotonic() - stopping_since > SHUTDOWN_GRACE:
                 for p in procs:
                     p.kill()

@@ -1,11 +1,13 @@
 """Worker for launcher tests: write this rank's environment to OUT/<RANK>.json; optionally fail or sleep.
 
 ``fail``: rank 1 raises ValueError once every rank has written its file. ``sleep``: every rank sleeps.
+``stubborn``: every rank ignores the stop signals (as one stuck in a C call does), then sleeps.
 """
 
 import glob
 import json
 import os
+import signal
 import sys
 import time
 
@@ -14,6 +16,9 @@ mode = sys.argv[2] if len(sys.argv) > 2 else ""
 rank = os.environ["RANK"]
 prefixes = ("HOROVOD_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "PYTHON", "GLOO_", "OMP_",
             "RINGTRAIN_JOB_", "TORCHELASTIC_RUN_ID")
+if mode == "stubborn":
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_IGN)
 keys = [k for k in os.environ if k.startswith(prefixes)]
 # Written atomically: the tests poll this folder and must never read a half-written file.
 tmp = os.path.join(out, f".{rank}.json.tmp")
@@ -29,5 +34,5 @@ if mode == "fail" and rank == "1":
             break
         time.sleep(0.05)
     raise ValueError("rank one gives up")
-if mode == "sleep":
+if mode in ("sleep", "stubborn"):
     time.sleep(600)
