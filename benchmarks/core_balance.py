@@ -9,10 +9,21 @@ independent processes even with free communication. This script measures that bo
     python benchmarks/core_balance.py --model mnist_cnn --steps 200
 
 For every repeat it times the training step of one process pinned to each core alone, then of one
-process per core at once (the 2-rank situation), all with one thread. From the "at once" times
-``t_i`` it reports the ceiling of synchronous over independent throughput,
-``n / max(t) / sum(1 / t_i)``: what a synchronous job reaches at best, relative to independent
-processes, on these cores. Results: ``benchmarks/results/core_balance_<cpu>_<date>-<time>.{json,md}``.
+process per core at once (the 2-rank situation), all with one thread. It reports two ceilings of
+synchronous over independent throughput, each what a synchronous job with free communication
+reaches at best:
+
+- **balance**, ``n / max(t) / sum(1 / t_i)`` of the at-once median step times ``t_i``: the cost of
+  unequal cores, the job stepping at the slower core's median pace;
+- **lockstep**, from every step: a synchronous job's step ``k`` lasts as long as the slowest rank's
+  step ``k``, so over ``S`` steps it takes ``sum_k max_r t_rk`` where the processes take
+  ``sum_k t_rk`` each. Step-to-step jitter, which independent processes average out, costs a
+  synchronous job at every step. (Pairing the ``k``-th steps of processes that drift out of phase
+  assumes the jitter is independent from step to step, which the step times bear out on this VM.)
+
+and, comparable with ``ringtrain bench``'s 2-process efficiency, the lockstep throughput over ``n``
+times that of one process alone: the best efficiency against one process that any synchronous method
+reaches on these cores. Results: ``benchmarks/results/core_balance_<cpu>_<date>-<time>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -34,10 +45,13 @@ from step_bench import MODELS, build_model  # noqa: E402
 
 
 def time_steps(core: int, model_name: str, steps: int, warmup: int, start: Any, out: Any) -> None:
-    """Child: pin to ``core``, wait for ``start``, report the median step time (seconds)."""
+    """Child: pin to ``core``, wait for ``start``, report every timed step's duration (seconds)."""
     import torch
 
+    from ringtrain.env.allocator import tune_allocator
+
     os.sched_setaffinity(0, {core})
+    tune_allocator("tuned")  # as every process of `ringtrain bench` runs
     torch.set_num_threads(1)
     torch.manual_seed(0)
     batch, shape, classes = MODELS[model_name]
@@ -54,11 +68,11 @@ def time_steps(core: int, model_name: str, steps: int, warmup: int, start: Any, 
         optimizer.step()
         if i >= warmup:
             times.append(time.perf_counter() - begin)
-    out.put((core, statistics.median(times)))
+    out.put((core, times))
 
 
-def measure(cores: list[int], model_name: str, steps: int, warmup: int) -> dict[int, float]:
-    """Median step time per core, with one process on each of ``cores`` at once."""
+def measure(cores: list[int], model_name: str, steps: int, warmup: int) -> dict[int, list[float]]:
+    """Every timed step's duration per core, with one process on each of ``cores`` at once."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(len(cores)), ctx.Queue()
     procs = [ctx.Process(target=time_steps, args=(c, model_name, steps, warmup, start, out)) for c in cores]
@@ -83,6 +97,31 @@ def ceiling(times: dict[int, float]) -> float:
     return len(times) / max(times.values()) / sum(1.0 / t for t in times.values())
 
 
+def lockstep_ceiling(steps: dict[int, list[float]]) -> float:
+    """Synchronous over independent throughput when each step waits for that step's slowest process."""
+    count = min(len(series) for series in steps.values())
+    lockstep = sum(max(series[k] for series in steps.values()) for k in range(count))
+    independent = sum(count / sum(series[:count]) for series in steps.values())
+    return len(steps) * count / lockstep / independent
+
+
+def lockstep_efficiency(steps: dict[int, list[float]], alone: dict[int, list[float]]) -> float:
+    """Lockstep throughput over ``n`` times one process's alone (the mean over the cores)."""
+    count = min(len(series) for series in steps.values())
+    lockstep = count / sum(max(series[k] for series in steps.values()) for k in range(count))
+    single = statistics.mean(len(series) / sum(series) for series in alone.values())
+    return lockstep / single
+
+
+def step_jitter(series: list[float]) -> float:
+    """Standard deviation over mean of a process's step times."""
+    return statistics.stdev(series) / statistics.mean(series)
+
+
+def medians(steps: dict[int, list[float]]) -> dict[int, float]:
+    return {core: statistics.median(series) for core, series in steps.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=sorted(MODELS))
@@ -103,27 +142,41 @@ def main(argv: list[str] | None = None) -> int:
         for core in (cores if repeat % 2 == 0 else cores[::-1]):
             alone.update(measure([core], args.model, args.steps, args.warmup))
         together = measure(cores, args.model, args.steps, args.warmup)
-        repeats.append({"alone": alone, "together": together, "ceiling": ceiling(together)})
-        print(f"repeat {repeat}: alone {fmt(alone)}; at once {fmt(together)}; "
-              f"synchronous ceiling {ceiling(together):.3f}", flush=True)
-    ceilings = [r["ceiling"] for r in repeats]
+        row = {"alone": medians(alone), "together": medians(together), "ceiling": ceiling(medians(together)),
+               "lockstep": lockstep_ceiling(together), "efficiency": lockstep_efficiency(together, alone),
+               "jitter": {c: step_jitter(s) for c, s in together.items() if len(s) > 1},
+               "steps_alone": alone, "steps_together": together}
+        repeats.append(row)
+        print(f"repeat {repeat}: alone {fmt(row['alone'])}; at once {fmt(row['together'])}; ceilings: "
+              f"balance {row['ceiling']:.3f}, lockstep {row['lockstep']:.3f}; "
+              f"lockstep efficiency against one process {row['efficiency']:.3f}", flush=True)
     lines = [f"# Core balance: {machine['date']}", "",
              f"Machine: {machine['cpu']}, {machine['usable_cores']} cores; torch {machine['torch']}, "
              f"ringtrain {machine['ringtrain']} ({machine['commit']}); {machine['os']}.", "",
              f"`benchmarks/core_balance.py --model {args.model} --steps {args.steps} "
              f"--repeats {args.repeats}`: "
              "median training-step time of one single-threaded process pinned to each core, alone and with "
-             "one process per core at once. Ceiling: synchronous over independent throughput at best, "
-             "`n / max(t) / sum(1 / t_i)` of the at-once times.", "",
+             "one process per core at once (step jitter: standard deviation over mean of the at-once "
+             "steps). Ceilings of synchronous over independent throughput with free communication: "
+             "balance, `n / max(t) / sum(1 / t_i)` of the at-once medians; lockstep, every step waiting "
+             "for that step's slowest process. Efficiency: the lockstep throughput over n times one "
+             "process's alone, the best 2-process efficiency against one process that a synchronous "
+             "job reaches here.", "",
              "| repeat | " + " | ".join(f"core {c} alone" for c in cores) + " | "
-             + " | ".join(f"core {c} at once" for c in cores) + " | ceiling |",
-             "|---" * (2 * len(cores) + 2) + "|"]
+             + " | ".join(f"core {c} at once" for c in cores)
+             + " | step jitter | balance | lockstep | efficiency |",
+             "|---" * (2 * len(cores) + 5) + "|"]
     for i, r in enumerate(repeats):
+        jitter = ", ".join(f"{100 * r['jitter'][c]:.1f} %" for c in cores if c in r["jitter"])
         lines.append(f"| {i} | " + " | ".join(f"{r['alone'][c] * 1e3:.1f} ms" for c in cores) + " | "
                      + " | ".join(f"{r['together'][c] * 1e3:.1f} ms" for c in cores)
-                     + f" | {r['ceiling']:.3f} |")
-    low, high = min(ceilings), max(ceilings)
-    lines += ["", f"Ceiling: median {statistics.median(ceilings):.3f} [{low:.3f}-{high:.3f}].", ""]
+                     + f" | {jitter} | {r['ceiling']:.3f} | {r['lockstep']:.3f} | {r['efficiency']:.3f} |")
+    lines.append("")
+    for key, name in (("ceiling", "Balance ceiling"), ("lockstep", "Lockstep ceiling"),
+                      ("efficiency", "Lockstep efficiency against one process")):
+        values = [r[key] for r in repeats]
+        lines.append(f"{name}: median {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}].")
+    lines.append("")
     text = "\n".join(lines)
     print(text)
     write_results(args.out, "core_balance", machine, text,
