@@ -83,6 +83,21 @@ def test_without_a_baseline_the_model_says_what_it_needs():
     assert body["projection"] == []
 
 
+def test_the_copies_lockstep_ceiling_is_the_compute_slowdown_of_a_synchronous_row():
+    from ringtrain.bench.records import summarize
+    from tests.bench.helpers import body
+
+    copies = measurement(1, "independent", 2, 0, 80.0)
+    copies.lockstep_items_per_second = 140.0  # efficiency 0.7, below the copies' 0.8
+    runs = [measurement(0, "single", 1, 0, 100.0), copies, measurement(2, "ddp", 2, 0, 60.0)]
+    result = body(runs, {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8},
+                  strategies=("single", "independent", "ddp"))
+    result["rows"] = [r.as_dict() for r in summarize(runs)]
+    annotate(result)
+    (entry,) = result["validation"]
+    assert entry["oversubscription"] == pytest.approx(1 / 0.7)
+
+
 def test_independent_copies_give_the_measured_compute_slowdown():
     from ringtrain.bench.records import summarize
     from tests.bench.helpers import body

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ringtrain.bench.records import Measurement, combine_reports, summarize
+from ringtrain.bench.records import Measurement, combine_reports, lockstep_rate, summarize
 from tests.bench.helpers import measurement, report
 
 
@@ -83,3 +83,36 @@ def test_a_failed_baseline_leaves_speedup_empty():
 def test_measurements_round_trip_through_dicts():
     m = measurement(0, "ddp", 2, 0, 10.0)
     assert Measurement.from_dict({**m.as_dict(), "unknown": 1}) == m
+
+
+def _copies(*series: list[float]) -> list[dict]:
+    """Reports of independent copies that each trained 10 items a step, with these step times."""
+    return [report(r, len(series), 10 * len(steps), sum(steps), steps=len(steps), step_seconds=steps)
+            for r, steps in enumerate(series)]
+
+
+def test_independent_copies_give_the_lockstep_rate_each_step_waiting_for_its_slowest_copy():
+    m = Measurement(index=0, repeat=0, strategy="independent", np=2)
+    combine_reports(m, _copies([1.0, 2.0, 1.0], [2.0, 1.0, 1.0]))
+    assert m.items_per_second == pytest.approx(60 / 4)  # each copy took 4 s on its own
+    assert m.lockstep_items_per_second == pytest.approx(60 / 5)  # in lockstep: 2 + 2 + 1 s
+    # Only as many steps as every copy listed; a copy without step times gives no ceiling.
+    assert lockstep_rate(_copies([1.0, 3.0], [2.0])) == pytest.approx(20 / 2)
+    assert lockstep_rate([*_copies([1.0]), report(1, 2, 10, 1.0)]) is None
+    assert lockstep_rate(_copies([1.0])) is None
+
+
+def test_the_lockstep_ceiling_is_for_independent_copies_and_becomes_the_rows_efficiency_bound():
+    synchronous = Measurement(index=1, repeat=0, strategy="horovod", np=2)
+    combine_reports(synchronous, _copies([1.0, 2.0], [2.0, 1.0]))
+    assert synchronous.lockstep_items_per_second is None  # its ranks already wait for each other
+    base = Measurement(index=0, repeat=0, strategy="single", np=1)
+    combine_reports(base, _copies([1.0, 1.0]))  # 10 items/s
+    copies = [Measurement(index=2 + i, repeat=i, strategy="independent", np=2) for i in range(3)]
+    for m, slow in zip(copies, (2.0, 1.5, 3.0)):
+        combine_reports(m, _copies([1.0, slow], [slow, 1.0]))
+    rows = {r.strategy: r for r in summarize([base, synchronous, *copies])}
+    # lockstep rates 40/4, 40/3 and 40/6 items/s: median 10, over 2 x 10
+    assert rows["independent"].lockstep_efficiency == pytest.approx(0.5)
+    assert rows["independent"].lockstep_efficiency <= rows["independent"].efficiency
+    assert rows["horovod"].lockstep_efficiency is None

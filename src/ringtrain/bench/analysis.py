@@ -5,7 +5,8 @@ size its worker reported, and the link probe's latency and bandwidth. Each measu
 model's efficiency for its own configuration, which is how the model is validated; the projection
 applies it to named interconnects at 8 to 1,024 ranks. The compute slow-down ``f`` of a measured row
 is 1 / the efficiency of ``independent`` copies at the same size when the sweep ran them on one host
-(what the machine loses with that many busy processes, measured), else ranks x threads / cores.
+(what the machine loses with that many busy processes, measured; their lockstep efficiency where
+their step times give one, see :mod:`ringtrain.bench.records`), else ranks x threads / cores.
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
                      "link": {k: link.get(k) for k in ("alpha_s", "beta_bytes_per_s", "kind")}
                      if link and not link.get("error") else None}
     # measured compute slow-down at each size: N copies without communication (the machine's ceiling),
-    # which applies to runs whose N ranks all shared the machine the copies ran on
-    ceiling = {r["np"]: r["efficiency"] for r in body.get("rows", [])
+    # which applies to runs whose N ranks all shared the machine the copies ran on. The copies' lockstep
+    # efficiency, where their step times gave one, is the ceiling of a synchronous job: it also pays
+    # for the slower copy and the jitter of every step.
+    ceiling = {r["np"]: r.get("lockstep_efficiency") or r["efficiency"] for r in body.get("rows", [])
                if r["strategy"] == INDEPENDENT and r.get("efficiency")}
     copies_on = next((_machine(m.reports[0]) for m in runs
                       if m.strategy == INDEPENDENT and m.ok and m.reports), None)

@@ -22,7 +22,7 @@ from ringtrain.bench.machine import one_line
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "seconds_per_epoch", "wall_seconds", "items_per_second", "items_per_second_min",
                "items_per_second_max", "speedup", "efficiency", "spread", "speedup_from", "model_efficiency",
-               "status")
+               "lockstep_efficiency", "status")
 """scaling.csv's header, in order."""
 
 
@@ -76,7 +76,8 @@ def csv_text(body: dict[str, Any]) -> str:
                          _num(row.get("wall_seconds")), _num(row.get("items_per_second")),
                          _num(row.get("items_per_second_min")), _num(row.get("items_per_second_max")),
                          _num(row.get("speedup")), _num(row.get("efficiency")), _num(row.get("spread")),
-                         row.get("speedup_from", ""), _num(row.get("model_efficiency")), row["status"]])
+                         row.get("speedup_from", ""), _num(row.get("model_efficiency")),
+                         _num(row.get("lockstep_efficiency")), row["status"]])
     return buffer.getvalue()
 
 
@@ -148,6 +149,12 @@ def table_text(body: dict[str, Any]) -> str:
     lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
                  "processes); spread: (max - min) / median over the repeats"
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
+    for r in rows:
+        lockstep = r.get("lockstep_efficiency")
+        if lockstep is not None:
+            lines.append(f"lockstep ceiling at {r['np']} processes: efficiency {lockstep:.2f} (the "
+                         f"{r['strategy']} copies, had every step waited for that step's slowest copy): "
+                         "the best a synchronous strategy reaches here, even with free communication")
     failures = [e for r in rows for e in r.get("errors", [])]
     if failures:
         lines.append("")

@@ -83,6 +83,11 @@ def render(body: dict[str, Any]) -> bytes:
         eff_err = _errors([{**m, "efficiency": e} for m, e in zip(members, eff)], "efficiency",
                           "efficiency_min", "efficiency_max") if has_items else None
         efficiency_ax.errorbar(x, eff, yerr=eff_err, **style)
+        lockstep = [(m["np"], m["lockstep_efficiency"]) for m in members
+                    if m.get("lockstep_efficiency") is not None]
+        if lockstep:  # independent copies: the ceiling of a synchronous strategy (from 1 at one process)
+            efficiency_ax.plot(*zip((1, 1.0), *lockstep), linestyle="-.", marker="v", color="black",
+                               label="lockstep ceiling (synchronous, free communication)")
         modelled = [(m["np"], m["model_efficiency"]) for m in members
                     if m.get("model_efficiency") is not None]
         if modelled:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ringtrain.bench.plan import BASELINE
+from ringtrain.bench.plan import BASELINE, INDEPENDENT
 
 
 @dataclass
@@ -47,6 +47,8 @@ class Measurement:
     """True when fewer ranks reported than ran (the others counted as equally fast)."""
     hosts: list[str] = field(default_factory=list)
     """Host of each reporting rank, in rank order."""
+    lockstep_items_per_second: float | None = None
+    """Independent copies only: their throughput had every step waited for that step's slowest copy."""
 
     @property
     def ok(self) -> bool:
@@ -88,6 +90,27 @@ def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
     per_epoch = [b.get("items_per_epoch") for b in usable if b.get("items_per_epoch")]
     if per_epoch and any(b.get("steps_per_epoch") for b in usable):
         m.seconds_per_epoch = float(per_epoch[0]) / m.items_per_second
+    if m.strategy == INDEPENDENT and not m.extrapolated:
+        m.lockstep_items_per_second = lockstep_rate(usable)
+
+
+def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:
+    """Items/s of all ``reports``' processes had each step waited for that step's slowest process.
+
+    None unless at least two processes listed their step times (``step_seconds``) and steps.
+    """
+    series: list[list[Any]] = []
+    for body in reports:
+        steps = body.get("step_seconds")
+        if not (isinstance(steps, list) and steps and body.get("steps")):
+            return None
+        series.append(steps)
+    if len(series) < 2:
+        return None
+    count = min(len(s) for s in series)
+    lockstep = sum(max(float(s[k]) for s in series) for k in range(count))
+    items = sum(float(b["items"]) / int(b["steps"]) * count for b in reports)
+    return items / lockstep if lockstep > 0 else None
 
 
 def _median(values: list[float]) -> float | None:
@@ -122,6 +145,9 @@ class Row:
     """``throughput`` (items/s) or ``wall time`` (a script that reported nothing)."""
     model_efficiency: float | None = None
     """What the cost model predicts for this configuration (filled in when a link was measured)."""
+    lockstep_efficiency: float | None = None
+    """Independent copies: the efficiency a synchronous job with free communication reaches at best
+    (median over the repeats of the lockstep throughput over the baseline's, per process)."""
 
     @property
     def status(self) -> str:
@@ -175,5 +201,10 @@ def summarize(measurements: list[Measurement]) -> list[Row]:
             row.speedup_from = "wall time"
         if row.speedup is not None:
             row.efficiency = row.speedup / row.np
+        if base.items_per_second:
+            lockstep = [m.lockstep_items_per_second for m in groups[(row.strategy, row.np)]
+                        if m.ok and m.lockstep_items_per_second]
+            if lockstep:
+                row.lockstep_efficiency = statistics.median(lockstep) / base.items_per_second / row.np
     order = {s: i for i, s in enumerate(dict.fromkeys(m.strategy for m in measurements))}
     return sorted(rows.values(), key=lambda r: (r.strategy != BASELINE, r.np, order[r.strategy]))

@@ -31,6 +31,10 @@ from ringtrain.env.allocator import allocator_state
 from ringtrain.env.binding import binding_state
 from ringtrain.env.cores import usable_cores
 
+#: Timed steps whose durations the report lists (``ringtrain bench`` derives the lockstep ceiling of
+#: independent copies from them); past that, a report line would grow by ~8 bytes a step for nothing.
+MAX_STEP_TIMES = 2000
+
 
 def _rank_and_size() -> tuple[int, int]:
     from ringtrain.env import detect_environment
@@ -157,7 +161,8 @@ def run(spec: dict[str, Any]) -> str:
                   steps_per_epoch=len(step_items) // epochs if spec.get("epochs") else None,
                   strategy=spec.get("bench_strategy"), threads=torch.get_num_threads(), cores=usable_cores(),
                   cpu=cpu_model(), boot_id=boot_id(), python=platform.python_version(), phases=phases,
-                  pid=os.getpid(), malloc=allocator_state(), bind=binding_state())
+                  pid=os.getpid(), malloc=allocator_state(), bind=binding_state(),
+                  step_seconds=[round(d, 5) for d in durations[:MAX_STEP_TIMES]])
 
 
 @record
