@@ -322,3 +322,33 @@ def test_random_rank_killed_at_a_random_time_is_the_root_cause(hosts, tmp_path):
     assert f"rank       : {rank} of 2" in report, output
     assert "SIGKILL" in report, output
     assert_no_process_left(hosts)
+
+
+#: Ranks that ignore every stop signal (as ones stuck in a C call do), each saying when it is ready.
+STUBBORN = ("import os, signal, time\n"
+            "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+            "    signal.signal(s, signal.SIG_IGN)\n"
+            "print('stubborn rank', os.environ['RANK'], 'ready', flush=True)\n"
+            "while True:\n"
+            "    time.sleep(1)\n")
+
+
+def test_a_second_ctrl_c_kills_the_ranks_on_every_host_at_once(hosts, tmp_path):
+    job = Job(hosts, tmp_path, command=(sys.executable, "-c", STUBBORN))
+    try:
+        wait_for(lambda: job.output().count("ready") == 2 or job.proc.poll() is not None, 300,
+                 "both ranks to start", logs=[job.log])
+        assert job.proc.poll() is None, job.output()
+        job.proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping the ranks on every host" in job.output() or job.proc.poll() is not None,
+                 30, "the launcher to announce the stop", logs=[job.log])
+        time.sleep(1.5)  # a second press, not the first delivered twice
+        assert job.proc.poll() is None, job.output()  # the ranks ignore the first: they have 30 s
+        job.proc.send_signal(signal.SIGINT)
+        code, seconds = job.wait(timeout=20)  # well inside the 30 s the ranks would otherwise get
+    finally:
+        job.kill()
+    output = job.output()
+    assert code == 128 + signal.SIGINT, output
+    assert "SIGINT again: killing the ranks on every host now." in output
+    assert_no_process_left(hosts, timeout=20)  # hostB's rank too, across ssh
