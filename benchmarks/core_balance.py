@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ringtrain.bench.records import lockstep_time
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -99,18 +101,16 @@ def ceiling(times: dict[int, float]) -> float:
 
 def lockstep_ceiling(steps: dict[int, list[float]]) -> float:
     """Synchronous over independent throughput when each step waits for that step's slowest process."""
-    count = min(len(series) for series in steps.values())
-    lockstep = sum(max(series[k] for series in steps.values()) for k in range(count))
+    count, lockstep = lockstep_time(list(steps.values()))
     independent = sum(count / sum(series[:count]) for series in steps.values())
     return len(steps) * count / lockstep / independent
 
 
 def lockstep_efficiency(steps: dict[int, list[float]], alone: dict[int, list[float]]) -> float:
     """Lockstep throughput over ``n`` times one process's alone (the mean over the cores)."""
-    count = min(len(series) for series in steps.values())
-    lockstep = count / sum(max(series[k] for series in steps.values()) for k in range(count))
+    count, lockstep = lockstep_time(list(steps.values()))
     single = statistics.mean(len(series) / sum(series) for series in alone.values())
-    return lockstep / single
+    return count / lockstep / single
 
 
 def step_jitter(series: list[float]) -> float:

@@ -9,6 +9,7 @@ without any report line has only its wall time.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -107,10 +108,15 @@ def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:
         series.append(steps)
     if len(series) < 2:
         return None
-    count = min(len(s) for s in series)
-    lockstep = sum(max(float(s[k]) for s in series) for k in range(count))
+    count, lockstep = lockstep_time(series)
     items = sum(float(b["items"]) / int(b["steps"]) * count for b in reports)
     return items / lockstep if lockstep > 0 else None
+
+
+def lockstep_time(series: Sequence[Sequence[float]]) -> tuple[int, float]:
+    """(steps, seconds) of the steps every process timed, had each waited for that step's slowest."""
+    count = min(len(s) for s in series)
+    return count, sum(max(float(s[k]) for s in series) for k in range(count))
 
 
 def _median(values: list[float]) -> float | None:
