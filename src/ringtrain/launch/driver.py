@@ -34,7 +34,7 @@ from ringtrain.launch.hosts import assign_slots, is_local_host, is_loopback_name
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
 from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, probe_hosts, remote_command
 from ringtrain.launch.report import RankFailure, earliest, format_report
-from ringtrain.launch.stopping import RANK_GRACE_S, REPEAT_AFTER_S, kill_process_groups
+from ringtrain.launch.stopping import REPEAT_AFTER_S, kill_process_groups, killing_line, stopping_line
 from ringtrain.launch.worker_entry import is_python
 
 #: Seconds an agent gets to stop its ranks after SIGTERM before it is killed.
@@ -552,16 +552,14 @@ def _launch_hosts(config: LaunchConfig, plan: HostsPlan, environ: Mapping[str, s
             if bad and stopping_since is None:
                 stopping_since = time.monotonic()
                 if stop_signal:
-                    name = signal.Signals(stop_signal[0]).name
-                    again = "press Ctrl-C again" if stop_signal[0] == signal.SIGINT else f"send {name} again"
-                    print(f"ringtrain run: {name}: stopping the ranks on every host (they get "
-                          f"{RANK_GRACE_S:g} s; {again} to kill them now).", file=sys.stderr, flush=True)
+                    print(f"ringtrain run: {stopping_line(stop_signal[0], where=' on every host')}",
+                          file=sys.stderr, flush=True)
                 for p in procs:
                     p.stop()
             if kill_asked and not killing:
                 killing = True
-                print(f"ringtrain run: {signal.Signals(kill_asked[0]).name} again: killing the ranks on "
-                      "every host now.", file=sys.stderr, flush=True)
+                print(f"ringtrain run: {killing_line(kill_asked[0], where=' on every host')}",
+                      file=sys.stderr, flush=True)
                 for p in procs:
                     p.kill_ranks()
             if stopping_since is not None and time.monotonic() - stopping_since > SHUTDOWN_GRACE:

@@ -60,6 +60,18 @@ def kill_process_groups(pids: Iterable[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def stopping_line(signum: int, grace_s: float = RANK_GRACE_S, where: str = "") -> str:
+    """What a launcher says at the first stop signal: how long the ranks get, how to end them now."""
+    name = signal.Signals(signum).name
+    again = "press Ctrl-C again" if signum == signal.SIGINT else f"send {name} again"
+    return f"{name}: stopping the ranks{where} (they get {grace_s:g} s; {again} to kill them now)."
+
+
+def killing_line(signum: int, where: str = "") -> str:
+    """What a launcher says when a second stop signal kills the ranks."""
+    return f"{signal.Signals(signum).name} again: killing the ranks{where} now."
+
+
 class StopGuard:
     """The agent's stop signals, announced, escalated on a second one, and bounded by a watchdog.
 
@@ -107,16 +119,14 @@ class StopGuard:
         self._done.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
         if self.signum is not None:
             if self.interactive and self.clock() - self._first_at >= REPEAT_AFTER_S:
-                self._say(f"{name} again: killing the ranks now.")
+                self._say(killing_line(signum))
                 kill_process_groups(self.ranks())
             return
         self.signum, self._first_at = signum, self.clock()
         if self.interactive:
-            again = "press Ctrl-C again" if signum == signal.SIGINT else f"send {name} again"
-            self._say(f"{name}: stopping the ranks (they get {self.grace_s:g} s; {again} to kill them now).")
+            self._say(stopping_line(signum, self.grace_s))
         threading.Thread(target=self._watch, name="ringtrain-stop-watchdog", daemon=True).start()
         previous = self._previous.get(signum)
         if callable(previous):
