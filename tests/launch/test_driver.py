@@ -104,6 +104,12 @@ class Agent:
             self.stop()
         return code, self.out.read_text(), self.err.read_text()
 
+    def rank_pids(self, folder: Path) -> list[int]:
+        """The pids of the node's 2 ranks, once both reported (in ``folder``) while the agent runs."""
+        assert wait_until(lambda: len(read_ranks(folder)) == 2 or self.proc.poll() is not None)
+        assert self.proc.poll() is None, self.err.read_text()
+        return [env["pid"] for env in read_ranks(folder).values()]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -152,9 +158,7 @@ def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
 def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
     agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
     try:
-        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None)
-        assert agent.proc.poll() is None, agent.err.read_text()
-        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        pids = agent.rank_pids(tmp_path / "ranks")
         agent.proc.stdin.close()  # the driver went away
         assert agent.proc.wait(timeout=90) == 128 + signal.SIGTERM
         assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=30)
@@ -165,9 +169,7 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
 def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_request(tmp_path):
     agent = Agent(driven_config(tmp_path, "stubborn"), tmp_path)
     try:
-        assert wait_until(lambda: len(read_ranks(tmp_path / "ranks")) == 2 or agent.proc.poll() is not None)
-        assert agent.proc.poll() is None, agent.err.read_text()
-        pids = [env["pid"] for env in read_ranks(tmp_path / "ranks").values()]
+        pids = agent.rank_pids(tmp_path / "ranks")
         agent.proc.stdin.write(driver.STOP_REQUEST + b"\n")
         agent.proc.stdin.flush()
         # The ranks ignore the stop: the agent gives them its grace, stdin still open.
