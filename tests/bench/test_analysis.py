@@ -113,3 +113,23 @@ def test_independent_copies_give_the_measured_compute_slowdown():
     assert entry["oversubscription"] == pytest.approx(1 / 0.8)
     expected = predict(StepModel(0.1, 0.06, 1_572_864), 2, 1e-4, 1e8, oversubscription=1 / 0.8)
     assert entry["predicted_efficiency"] == pytest.approx(expected.efficiency)
+
+
+def test_the_barrier_ranks_give_the_compute_slowdown_and_are_neither_validated_nor_projected():
+    from ringtrain.bench.records import summarize
+    from tests.bench.helpers import body
+
+    copies = measurement(1, "independent", 2, 0, 80.0)
+    copies.lockstep_items_per_second = 150.0
+    runs = [measurement(0, "single", 1, 0, 100.0), copies, measurement(2, "barrier", 2, 0, 70.0),
+            measurement(3, "horovod", 2, 0, 65.0)]
+    result = body(runs, {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8},
+                  strategies=("single", "independent", "barrier", "horovod"))
+    result["rows"] = [r.as_dict() for r in summarize(runs)]
+    annotate(result)
+    (entry,) = result["validation"]  # horovod only: the references are not competitors
+    assert entry["strategy"] == "horovod"
+    # measured lockstep (0.7) is preferred over the copies' computed ceiling (0.75)
+    assert entry["compute_factor_from"] == "barrier"
+    assert entry["oversubscription"] == pytest.approx(1 / 0.7)
+    assert {p["fp16"] for p in result["projection"]} == {False}

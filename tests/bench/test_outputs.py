@@ -10,6 +10,7 @@ import pytest
 from ringtrain.bench.analysis import annotate
 from ringtrain.bench.outputs import (
     CSV_COLUMNS,
+    barrier_lines,
     csv_text,
     projection_text,
     table_text,
@@ -89,3 +90,19 @@ def test_validation_text_reports_the_error():
     assert "mean absolute error" in text
     assert "horovod-fp16" in text
     assert validation_text([]) == ""
+
+
+def test_the_barrier_line_says_what_lockstep_costs_and_how_close_each_competitor_comes():
+    rows = [{"strategy": "single", "np": 1, "efficiency": 1.0},
+            {"strategy": "independent", "np": 2, "efficiency": 0.95},
+            {"strategy": "barrier", "np": 2, "efficiency": 0.9},
+            {"strategy": "horovod", "np": 2, "efficiency": 0.81},
+            {"strategy": "ddp", "np": 2, "efficiency": None},
+            {"strategy": "barrier", "np": 4, "efficiency": 0.8}]
+    first, second = barrier_lines(rows)
+    assert first.startswith("barrier at 2 processes: efficiency 0.90")
+    assert first.endswith("horovod reaches 0.90 of it")
+    assert "independent" not in first
+    assert "ddp" not in first
+    assert second.startswith("barrier at 4 processes: efficiency 0.80")
+    assert "reaches" not in second

@@ -85,6 +85,18 @@ def test_baseline_is_a_plain_process_and_others_go_through_the_launcher():
     assert dist.env["OMP_NUM_THREADS"] == "3"
 
 
+def test_the_barrier_reference_is_one_job_through_the_launcher():
+    settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("barrier", "horovod"), repeats=1)
+    _, barrier, horovod = plan_runs(settings, threads=1, python="PY")
+    assert barrier.strategy == "barrier"
+    assert barrier.copies == 1
+    assert not barrier.plain
+    assert barrier.argv[:6] == ("PY", "-m", "ringtrain", "run", "-np", "2")
+    spec = json.loads(barrier.argv[barrier.argv.index("--spec") + 1])
+    assert (spec["strategy"], spec["bench_strategy"], spec["fp16_allreduce"]) == ("horovod", "barrier", False)
+    assert horovod.strategy == "horovod"
+
+
 def test_independent_copies_and_user_commands():
     settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("independent",), repeats=1)
     _, copies = plan_runs(settings, threads=1, python="PY")

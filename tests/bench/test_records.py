@@ -116,3 +116,39 @@ def test_the_lockstep_ceiling_is_for_independent_copies_and_becomes_the_rows_eff
     assert rows["independent"].lockstep_efficiency == pytest.approx(0.5)
     assert rows["independent"].lockstep_efficiency <= rows["independent"].efficiency
     assert rows["horovod"].lockstep_efficiency is None
+
+
+def _digested(strategy: str, digests: list[str]) -> Measurement:
+    m = Measurement(index=0, repeat=0, strategy=strategy, np=len(digests))
+    combine_reports(m, [report(r, len(digests), 320, 1.0, parameters_digest=d)
+                        for r, d in enumerate(digests)])
+    return m
+
+
+def test_a_data_parallel_run_whose_replicas_differ_does_not_count():
+    m = _digested("horovod", ["aa" * 16, "bb" * 16])
+    assert m.status == "failed"
+    assert "2 different sets of parameters" in m.error
+    assert "aaaaaaaaaaaa" in m.error
+    assert "bbbbbbbbbbbb" in m.error
+    row = summarize([_digested("single", ["cc" * 16]), m])[1]
+    assert row.status == "failed"
+    assert row.efficiency is None
+
+
+def test_agreeing_replicas_and_the_references_pass_the_replica_check():
+    assert _digested("ddp-fp16", ["aa" * 16, "aa" * 16]).ok
+    # the references train a copy each: their replicas drift apart by design
+    assert _digested("barrier", ["aa" * 16, "bb" * 16]).ok
+    assert _digested("independent", ["aa" * 16, "bb" * 16]).ok
+    # a user script that reports no digest is not judged by it
+    m = Measurement(index=0, repeat=0, strategy="script", np=2)
+    combine_reports(m, [report(0, 2, 320, 1.0), report(1, 2, 320, 1.0)])
+    assert m.ok
+
+
+def test_a_failed_run_keeps_its_own_error_over_the_replica_check():
+    m = Measurement(index=0, repeat=0, strategy="horovod", np=2, status="failed", error="exit code 1")
+    combine_reports(m, [report(0, 2, 320, 1.0, parameters_digest="aa"), report(1, 2, 320, 1.0,
+                                                                               parameters_digest="bb")])
+    assert m.error == "exit code 1"

@@ -24,7 +24,7 @@ def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "mnist"
     result = _bench("mnist", "--np", "1,2", "--steps", "12", "--warmup-steps", "2", "--repeats", "1",
-                    "--strategies", "single,independent,ddp,horovod", "--out", str(out))
+                    "--strategies", "single,independent,barrier,ddp,horovod", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout
     assert "processes  strategy" in table
@@ -40,7 +40,7 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     assert body["link"]["beta_bytes_per_s"] > 0
     assert len(body["link"]["samples"]) >= 2
     runs = {r["strategy"]: r for r in body["runs"]}
-    assert set(runs) == {"single", "independent", "ddp", "horovod"}
+    assert set(runs) == {"single", "independent", "barrier", "ddp", "horovod"}
     for run in runs.values():
         assert run["status"] == "ok"
         assert run["items_per_second"] > 0
@@ -59,11 +59,19 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     assert "lockstep ceiling at 2 processes: efficiency" in table
     assert rows["horovod"]["lockstep_efficiency"] is None
     assert {e["strategy"] for e in body["validation"]} == {"ddp", "horovod"}
+    # the barrier ranks measured what lockstep costs: the model's compute slow-down comes from them
+    assert {e["compute_factor_from"] for e in body["validation"]} == {"barrier"}
+    assert "barrier at 2 processes: efficiency" in table
+    # data-parallel replicas end bit-identical; the barrier ranks' drift apart (no gradient exchange)
+    digests = {s: [r["parameters_digest"] for r in run["reports"]] for s, run in runs.items()}
+    assert digests["horovod"][0] == digests["horovod"][1]
+    assert digests["ddp"][0] == digests["ddp"][1]
+    assert digests["barrier"][0] != digests["barrier"][1]
     assert {p["interconnect"] for p in body["projection"]} >= {"25GbE", "100GbE", "IB-HDR200", "NVLink4"}
     with (out / "scaling.csv").open() as fp:
         csv_rows = list(csv.DictReader(fp))
     assert tuple(csv_rows[0]) == CSV_COLUMNS
-    assert len(csv_rows) == 4
+    assert len(csv_rows) == 5
     ceiling = rows["independent"]["lockstep_efficiency"]
     assert float(csv_rows[1]["lockstep_efficiency"]) == pytest.approx(ceiling, rel=1e-5)
     assert (out / "scaling.png").read_bytes().startswith(PNG)

@@ -4,9 +4,14 @@ The inputs come from the same sweep: the baseline's step time and backward share
 size its worker reported, and the link probe's latency and bandwidth. Each measured row then gets the
 model's efficiency for its own configuration, which is how the model is validated; the projection
 applies it to named interconnects at 8 to 1,024 ranks. The compute slow-down ``f`` of a measured row
-is 1 / the efficiency of ``independent`` copies at the same size when the sweep ran them on one host
-(what the machine loses with that many busy processes, measured; their lockstep efficiency where
-their step times give one, see :mod:`ringtrain.bench.records`), else ranks x threads / cores.
+is, by preference:
+
+- 1 / the efficiency of the ``barrier`` ranks at the same size (the same placement, in lockstep,
+  exchanging 4 bytes a step: what running synchronously costs here before any gradient moves);
+- 1 / the efficiency of ``independent`` copies at the same size when the sweep ran them on one host
+  (what the machine loses with that many busy processes, measured; their lockstep efficiency where
+  their step times give one, see :mod:`ringtrain.bench.records`);
+- else ranks x threads / cores.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ringtrain.bench.model import (
     predict,
     project,
 )
-from ringtrain.bench.plan import BASELINE, INDEPENDENT, STRATEGIES
+from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, REFERENCES, STRATEGIES
 from ringtrain.bench.records import Measurement
 
 
@@ -117,14 +122,19 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
                if r["strategy"] == INDEPENDENT and r.get("efficiency")}
     copies_on = next((_machine(m.reports[0]) for m in runs
                       if m.strategy == INDEPENDENT and m.ok and m.reports), None)
+    # the barrier ranks ran where every other launched run did: their efficiency applies as it stands
+    lockstep = {r["np"]: r["efficiency"] for r in body.get("rows", [])
+                if r["strategy"] == BARRIER and r.get("efficiency")}
     for row in body.get("rows", []):
-        if row["strategy"] in (BASELINE, INDEPENDENT) or row.get("efficiency") is None:
+        if row["strategy"] == BASELINE or row["strategy"] in REFERENCES or row.get("efficiency") is None:
             continue
         members = [m for m in runs if m.strategy == row["strategy"] and m.np == row["np"] and m.ok]
         members = [m for m in members if link_applies(link, m)]
         if not members:
             continue
-        if row["np"] in ceiling and all(on_one_machine(m, copies_on) for m in members):
+        if row["np"] in lockstep:
+            f, source = max(1.0, 1.0 / lockstep[row["np"]]), BARRIER
+        elif row["np"] in ceiling and all(on_one_machine(m, copies_on) for m in members):
             f, source = max(1.0, 1.0 / ceiling[row["np"]]), "independent"
         else:
             f, source = statistics.median(oversubscription(m) for m in members), "cores"
@@ -145,7 +155,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
         connects.append(Interconnect("measured", f"this sweep's link ({link.get('kind')})",
                                      link["beta_bytes_per_s"], link["alpha_s"]))
     wires = {_is_fp16(s) for s in body.get("settings", {}).get("strategies", [])
-             if s not in (BASELINE, INDEPENDENT)} or {False}
+             if s != BASELINE and s not in REFERENCES} or {False}
     for fp16 in sorted(wires):
         key = "fp16" if fp16 else "fp32"
         if key in inputs:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
+from ringtrain.bench.plan import BARRIER, BASELINE, REFERENCES
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "seconds_per_epoch", "wall_seconds", "items_per_second", "items_per_second_min",
@@ -155,6 +156,7 @@ def table_text(body: dict[str, Any]) -> str:
             lines.append(f"lockstep ceiling at {r['np']} processes: efficiency {lockstep:.2f} (the "
                          f"{r['strategy']} copies, had every step waited for that step's slowest copy): "
                          "the best a synchronous strategy reaches here, even with free communication")
+    lines += barrier_lines(rows)
     failures = [e for r in rows for e in r.get("errors", [])]
     if failures:
         lines.append("")
@@ -162,6 +164,21 @@ def table_text(body: dict[str, Any]) -> str:
     if body.get("interrupted"):
         lines.append("interrupted: the table holds the runs finished before Ctrl-C")
     return "\n".join(lines) + "\n"
+
+
+def barrier_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What lockstep alone costs at each size, and how close each synchronous competitor comes to it."""
+    lines = []
+    for r in rows:
+        if r["strategy"] != BARRIER or not r.get("efficiency"):
+            continue
+        rivals = [f"{o['strategy']} reaches {o['efficiency'] / r['efficiency']:.2f} of it" for o in rows
+                  if o["np"] == r["np"] and o.get("efficiency") and o["strategy"] != BASELINE
+                  and o["strategy"] not in REFERENCES]
+        lines.append(f"barrier at {r['np']} processes: efficiency {r['efficiency']:.2f} (ranks in lockstep, "
+                     "4 bytes a step): what synchronization alone costs here"
+                     + (f"; {', '.join(rivals)}" if rivals else ""))
+    return lines
 
 
 def projection_text(body: dict[str, Any]) -> str:

@@ -28,9 +28,15 @@ STRATEGIES: dict[str, tuple[str, bool]] = {
     # N copies of the baseline at once on this machine, no communication: the ceiling the machine allows
     # (CPU clock under all-core load, shared caches and memory bandwidth, other users), not a way to train
     "independent": ("ddp", False),
+    # N ranks of one job that train their own copies and wait for each other once per step, exchanging
+    # 4 bytes: the cost of lockstep alone, measured (ringtrain.bench.barrier), not a way to train
+    "barrier": ("horovod", False),
 }
 """Strategy names ``--strategies`` accepts."""
 INDEPENDENT = "independent"
+BARRIER = "barrier"
+#: Strategies that measure the machine rather than compete: no model validation, no projection.
+REFERENCES = frozenset({INDEPENDENT, BARRIER})
 
 BASELINE = "single"
 

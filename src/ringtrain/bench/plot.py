@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.bench.outputs import write_atomic
-from ringtrain.bench.plan import BASELINE, INDEPENDENT
+from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT
 
 INSTALL_HINT = "HINT: pip install 'ringtrain[plot]' (matplotlib), then rerun, or plot scaling.csv yourself."
 
@@ -72,6 +72,9 @@ def render(body: dict[str, Any]) -> bytes:
         style = {"marker": "o", "capsize": 3, "color": color, "label": strategy}
         if strategy == INDEPENDENT:  # the machine's ceiling, not a competitor
             style.update(color="black", linestyle=":", label="independent (no communication)")
+        elif strategy == BARRIER:  # the machine's price of lockstep, not a competitor either
+            style.update(color="black", linestyle=(0, (6, 2, 1, 2)), marker="s",
+                         label="barrier (lockstep, no gradient exchange)")
         x = [m["np"] for m in members]
         if has_items:
             y = [m["items_per_second"] for m in members]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ringtrain.bench.plan import BASELINE, INDEPENDENT
+from ringtrain.bench.plan import BASELINE, INDEPENDENT, REFERENCES
 
 
 @dataclass
@@ -93,6 +93,26 @@ def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
         m.seconds_per_epoch = float(per_epoch[0]) / m.items_per_second
     if m.strategy == INDEPENDENT and not m.extrapolated:
         m.lockstep_items_per_second = lockstep_rate(usable)
+    diverged = replicas_diverged(m.strategy, m.reports)
+    if diverged and m.ok:
+        m.status, m.error = "failed", diverged
+
+
+def replicas_diverged(strategy: str, reports: list[dict[str, Any]]) -> str | None:
+    """Why a data-parallel run's speed does not count, when its ranks ended with different parameters.
+
+    Averaged gradients are bit-identical on every rank, so the replicas of a working data-parallel
+    strategy stay identical; one that skipped or botched the exchange would look fast for nothing.
+    The references (independent copies, the barrier ranks) drift apart by design and are not checked.
+    """
+    if strategy == BASELINE or strategy in REFERENCES:
+        return None
+    digests = {b["parameters_digest"] for b in reports if b.get("parameters_digest")}
+    if len(digests) <= 1:
+        return None
+    return (f"the {len(reports)} ranks ended with {len(digests)} different sets of parameters (digests "
+            f"{', '.join(sorted(d[:12] for d in digests))}): the gradient exchange did not keep the replicas "
+            "identical, so this run's speed does not count")
 
 
 def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:

@@ -12,6 +12,7 @@ Bad input exits 2 with the message on stderr; anything else is a crash with its 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -25,8 +26,10 @@ from typing import Any
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ringtrain.bench.barrier import BarrierStrategy
 from ringtrain.bench.hook import report
 from ringtrain.bench.machine import boot_id, cpu_model
+from ringtrain.bench.plan import BARRIER
 from ringtrain.env.allocator import allocator_state
 from ringtrain.env.binding import binding_state
 from ringtrain.env.cores import usable_cores
@@ -104,6 +107,17 @@ def time_phases(model: torch.nn.Module, optimizer: Any, loss_fn: Any, features: 
     return {key: statistics.median(values[1:]) for key, values in timings.items()}
 
 
+def parameters_digest(model: torch.nn.Module) -> str:
+    """A hash of the model's parameters, bit for bit (the ranks of a data-parallel run must agree on it).
+
+    Buffers are left out: BatchNorm's running statistics follow each rank's own batches in Horovod.
+    """
+    hasher = hashlib.blake2b(digest_size=16)
+    for _, parameter in sorted(model.named_parameters()):
+        hasher.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
+
+
 def run(spec: dict[str, Any]) -> str:
     """Train as one process of the run described by ``spec``; returns the report line it printed."""
     from ringtrain.train.config import TrainerConfig
@@ -135,7 +149,11 @@ def run(spec: dict[str, Any]) -> str:
         _synchronize(trainer.strategy.device)  # a step on a GPU ends when its kernels have run
         stamps.append(time.perf_counter())
 
-    trainer = Trainer(model, optimizer, workload.loss(), train_ds, None, config, on_step=stamp)
+    strategy = None
+    if spec.get("bench_strategy") == BARRIER:
+        strategy = BarrierStrategy(device=spec.get("device"))
+    trainer = Trainer(model, optimizer, workload.loss(), train_ds, None, config, on_step=stamp,
+                      strategy=strategy)
     try:
         start = time.perf_counter()
         trainer.train()
@@ -155,6 +173,7 @@ def run(spec: dict[str, Any]) -> str:
     items = sum(step_items[warmup:len(stamps)])
     durations = [b - a for a, b in zip([t0, *stamps[warmup:-1]], stamps[warmup:])]
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    digest = parameters_digest(model)
     return report(items=items, seconds=seconds, steps=timed, gradient_bytes=gradient_bytes,
                   warmup_steps=warmup, batch_size=batch, step_seconds_median=statistics.median(durations),
                   step_seconds_max=max(durations), items_per_epoch=math.ceil(len(train_ds) / world) * world,
@@ -162,7 +181,7 @@ def run(spec: dict[str, Any]) -> str:
                   strategy=spec.get("bench_strategy"), threads=torch.get_num_threads(), cores=usable_cores(),
                   cpu=cpu_model(), boot_id=boot_id(), python=platform.python_version(), phases=phases,
                   pid=os.getpid(), malloc=allocator_state(), bind=binding_state(),
-                  step_seconds=[round(d, 5) for d in durations[:MAX_STEP_TIMES]])
+                  step_seconds=[round(d, 5) for d in durations[:MAX_STEP_TIMES]], parameters_digest=digest)
 
 
 @record

@@ -48,12 +48,14 @@ class Trainer:
     optimizer the strategy returns (Horovod wraps it), so it must not be built beforehand.
     ``on_step`` is called with the Trainer after every optimizer step (``ringtrain bench`` times steps
     with it); it runs on every rank and must not call collectives that other ranks do not call.
+    ``strategy``, when given, is a :class:`Strategy` object (not yet set up) to use instead of the one
+    ``config.strategy`` names (``ringtrain bench`` measures its ``barrier`` reference with it).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[..., torch.Tensor], train_data: Any, eval_data: Any = None,
                  config: TrainerConfig | None = None, scheduler: SchedulerFactory | None = None,
-                 on_step: Callable[[Trainer], None] | None = None) -> None:
+                 on_step: Callable[[Trainer], None] | None = None, strategy: Strategy | None = None) -> None:
         self.config = config = config or TrainerConfig()
         self.on_step = on_step
         if scheduler is not None and config.scale_lr and config.warmup_epochs > 0:
@@ -65,8 +67,10 @@ class Trainer:
         bind_rank(read_knob("bind"))
         #: Elastic mode: asked for, or (by default) when started by ringtrain run's elastic driver.
         self.elastic = config.elastic if config.elastic is not None else elastic_rendezvous.enabled()
-        self.strategy: Strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
-                                                config.batches_per_allreduce, elastic=self.elastic)
+        if strategy is None:
+            strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
+                                     config.batches_per_allreduce, elastic=self.elastic)
+        self.strategy: Strategy = strategy
         self.strategy.setup()
         s = self.strategy
         self.out = RankZero(s.rank)
