@@ -50,7 +50,7 @@ WORKLOADS = {
 LINKS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
 #: independent: two plain copies on hostA, which shares its cores with hostB (one kernel): what the
 #: machine loses with both cores busy, without any communication
-STRATEGIES = "independent,horovod,horovod-fp16,ddp,ddp-fp16"
+STRATEGIES = "independent,barrier,horovod,horovod-fp16,ddp,ddp-fp16"
 
 
 def bench_argv(workload: str, steps: int, warmup: int, repeats: int, out: Path,
@@ -114,7 +114,7 @@ def sweep_local(workloads: list[str], steps: dict[str, int], warmup: int, repeat
         folder = out / "local" / workload
         folder.mkdir(parents=True, exist_ok=True)
         argv = bench_argv(workload, steps[workload], warmup, repeats, folder,
-                          ["--np", "1,2,3,4", "--strategies", "independent,horovod,horovod-fp16,ddp,ddp-fp16",
+                          ["--np", "1,2,3,4", "--strategies", STRATEGIES,
                            "--link-note", "loopback"])
         results["runs"][workload] = run_logged(argv, folder / "bench.log", timeout=6 * 3600)
     return results

@@ -99,11 +99,13 @@ def main() -> None:
         log(f"Iter #{x}: {img_sec:.1f} img/sec per {device_name}")
         img_secs.append(img_sec)
 
-    # the line `ringtrain bench` reads: this worker's images and seconds, warm-up left out
+    # the line `ringtrain bench` reads: this worker's images and seconds, warm-up left out, and a hash
+    # of its parameters (the sweep fails a run whose workers ended with different models)
     steps = args.num_iters * args.num_batches_per_iter
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    digest = ringtrain.bench.parameters_digest(model)
     ringtrain.bench.report(items=args.batch_size * steps, seconds=timed_seconds, steps=steps,
-                           gradient_bytes=gradient_bytes)
+                           gradient_bytes=gradient_bytes, parameters_digest=digest)
 
     # Rank 0's rounds stand for every worker: the allreduce in each step keeps them in lockstep.
     img_sec_mean = np.mean(img_secs)

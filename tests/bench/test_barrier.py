@@ -3,7 +3,7 @@
 import time
 
 from ringtrain.bench.barrier import BarrierStrategy
-from ringtrain.bench.worker import parameters_digest
+from ringtrain.bench.hook import parameters_digest
 from tests.ranks import RankPool
 
 STEPS = 4
@@ -32,8 +32,9 @@ def _barrier_run() -> tuple[int, int, list[float], str]:
     config = TrainerConfig(epochs=1, batch_size=32, strategy="horovod", threads=1, progress=False,
                            max_steps_per_epoch=STEPS, task=workload.task)
     strategy = BarrierStrategy()
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), workload.loss(), train, None, config,
-                      on_step=on_step, strategy=strategy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, optimizer, workload.loss(), train, None, config, on_step=on_step,
+                      strategy=strategy)
     try:
         trainer.train()
         rank = trainer.strategy.rank

@@ -67,3 +67,21 @@ def test_the_hook_stays_callable_after_every_bench_module_is_imported():
     for module in pkgutil.iter_modules(ringtrain.bench.__path__):
         importlib.import_module(f"ringtrain.bench.{module.name}")
     assert callable(ringtrain.bench.report)
+
+
+def test_the_parameters_digest_sees_every_bit_of_the_parameters_and_no_buffer():
+    import torch
+
+    from ringtrain.bench import parameters_digest
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    twin.load_state_dict(model.state_dict())
+    assert parameters_digest(model) == parameters_digest(twin)
+    twin[1].running_mean += 1.0  # buffers follow each rank's own batches: not compared
+    assert parameters_digest(model) == parameters_digest(twin)
+    with torch.no_grad():
+        bits = twin[0].weight.view(torch.int32)
+        bits[0, 0] ^= 1  # the lowest bit of one weight
+    assert parameters_digest(model) != parameters_digest(twin)

@@ -93,6 +93,10 @@ def test_a_user_script_is_benchmarked_with_its_reports(tmp_path):
     assert runs[1]["items"] == 32
     assert runs[2]["items"] == 64
     assert runs[2]["ranks_reported"] == 2
+    # the script reports its parameters' digest: the sweep checked that its two workers agree
+    digests = [r["parameters_digest"] for r in runs[2]["reports"]]
+    assert len(digests) == 2
+    assert digests[0] == digests[1]
     rows = {r["np"]: r for r in body["rows"]}
     assert rows[2]["speedup_from"] == "throughput"
     assert rows[2]["efficiency"] > 0

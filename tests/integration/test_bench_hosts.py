@@ -46,7 +46,7 @@ def test_the_delay_link_holds_every_frame(delayed_hosts: NamespaceHosts) -> None
 def test_bench_runs_ranks_on_both_hosts(netns_hosts: NamespaceHosts, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     argv = ringtrain_argv("bench", "mnist", "--np", "1,2", "--steps", "4", "--warmup-steps", "1",
-                          "--repeats", "1", "--strategies", "horovod", "--threads", "1",
+                          "--repeats", "1", "--strategies", "barrier,horovod", "--threads", "1",
                           "-H", "hostA:1,hostB:1", "-i", str(netns_hosts.key), "--start-timeout", "120",
                           "--no-progress", "--out", str(out))
     result = netns_hosts.run("hostA", argv, timeout=900, cwd=ROOT)
@@ -58,5 +58,14 @@ def test_bench_runs_ranks_on_both_hosts(netns_hosts: NamespaceHosts, tmp_path: P
     assert horovod["status"] == "ok"
     assert horovod["hosts"] == ["hostA", "hostB"]
     assert next(r for r in body["runs"] if r["strategy"] == "single")["hosts"] == ["hostA"]
-    assert body["validation"]
-    assert body["validation"][0]["np"] == 2
+    # the barrier ranks ran where horovod's did: their lockstep is the model's compute slow-down
+    barrier = next(r for r in body["runs"] if r["strategy"] == "barrier")
+    assert barrier["status"] == "ok"
+    assert barrier["hosts"] == ["hostA", "hostB"]
+    # across the hosts, horovod's replicas ended bit-identical
+    digests = {r["parameters_digest"] for r in horovod["reports"]}
+    assert len(digests) == 1
+    (entry,) = body["validation"]
+    assert entry["strategy"] == "horovod"
+    assert entry["np"] == 2
+    assert entry["compute_factor_from"] == "barrier"

@@ -7,9 +7,11 @@ interleaved and repeated, against a single-process baseline; see docs/bench.md. 
 - ``worker`` / ``link``: what runs inside a built-in run / the link probe;
 - ``records``: measurements and table rows; ``outputs``: table, JSON, CSV; ``plot``: scaling.png;
 - ``machine``: what it ran on; ``model`` / ``analysis``: the cost model, validation and projection;
-- ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s.
+- ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s
+  (and :func:`parameters_digest`, for the check that its replicas agree);
+- ``barrier``: the strategy of the ``barrier`` reference (lockstep without gradient exchange).
 """
 
-from ringtrain.bench.hook import TAG, report
+from ringtrain.bench.hook import TAG, parameters_digest, report
 
-__all__ = ["TAG", "report"]
+__all__ = ["TAG", "parameters_digest", "report"]

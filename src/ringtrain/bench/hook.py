@@ -18,6 +18,7 @@ as fast (data-parallel ranks move in lockstep).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -92,3 +93,18 @@ def parse_output(text: str) -> list[dict[str, Any]]:
         if body is not None:
             found.append(body)
     return found
+
+
+def parameters_digest(model: Any) -> str:
+    """A hash of the model's parameters, bit for bit (the ranks of a data-parallel run must agree on it).
+
+    Buffers are left out: BatchNorm's running statistics follow each rank's own batches in Horovod.
+    Pass it to :func:`report` (``parameters_digest=...``) and ``ringtrain bench`` fails a run whose
+    ranks disagree. ``model`` is a ``torch.nn.Module``.
+    """
+    import torch
+
+    hasher = hashlib.blake2b(digest_size=16)
+    for _, parameter in sorted(model.named_parameters()):
+        hasher.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()

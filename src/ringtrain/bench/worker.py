@@ -12,7 +12,6 @@ Bad input exits 2 with the message on stderr; anything else is a crash with its 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -27,7 +26,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ringtrain.bench.barrier import BarrierStrategy
-from ringtrain.bench.hook import report
+from ringtrain.bench.hook import parameters_digest, report
 from ringtrain.bench.machine import boot_id, cpu_model
 from ringtrain.bench.plan import BARRIER
 from ringtrain.env.allocator import allocator_state
@@ -105,17 +104,6 @@ def time_phases(model: torch.nn.Module, optimizer: Any, loss_fn: Any, features: 
         for key, value in zip(timings, (t1 - t0, t2 - t1, t3 - t2)):
             timings[key].append(value)
     return {key: statistics.median(values[1:]) for key, values in timings.items()}
-
-
-def parameters_digest(model: torch.nn.Module) -> str:
-    """A hash of the model's parameters, bit for bit (the ranks of a data-parallel run must agree on it).
-
-    Buffers are left out: BatchNorm's running statistics follow each rank's own batches in Horovod.
-    """
-    hasher = hashlib.blake2b(digest_size=16)
-    for _, parameter in sorted(model.named_parameters()):
-        hasher.update(parameter.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return hasher.hexdigest()
 
 
 def run(spec: dict[str, Any]) -> str:
