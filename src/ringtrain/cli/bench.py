@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--np", default="1,2", help="comma-separated process counts (1,2)")
     p.add_argument("--strategies", default="single,ddp,horovod",
                    help=f"competitors, comma-separated, from {','.join(STRATEGIES)} (single,ddp,horovod); "
-                        "the single-process baseline always runs")
+                        "the single-process baseline always runs; independent and barrier are references "
+                        "that measure the machine (no communication / lockstep alone), not competitors")
     p.add_argument("--steps", type=_int, help=f"timed optimizer steps per run ({DEFAULT_STEPS})")
     p.add_argument("--epochs", type=_int, help="time whole epochs instead of --steps")
     p.add_argument("--warmup-steps", type=_int, default=DEFAULT_WARMUP,
