@@ -106,3 +106,20 @@ def test_the_barrier_line_says_what_lockstep_costs_and_how_close_each_competitor
     assert "ddp" not in first
     assert second.startswith("barrier at 4 processes: efficiency 0.80")
     assert "reaches" not in second
+
+
+def test_the_tail_column_appears_with_step_times_and_stays_right_aligned():
+    body = sample_body()
+    assert "p95 step" not in table_text(body)  # hand-made runs list no step times
+    body["rows"][1].update(step_seconds_p50=0.08, step_seconds_p95=0.125)
+    text = table_text(body)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("processes"))
+    assert "p95 step" in header
+    ddp = next(line for line in lines if line.split()[1:2] == ["ddp"])
+    # the cell ends where its header does (numbers align right)
+    assert ddp.index("125.0 ms") + len("125.0 ms") == header.index("p95 step") + len("p95 step")
+    assert "p95 step: 95th percentile of every rank's step times" in text
+    rows = list(csv.DictReader(io.StringIO(csv_text(body))))
+    assert float(rows[1]["step_seconds_p95"]) == 0.125
+    assert float(rows[1]["step_seconds_p50"]) == 0.08

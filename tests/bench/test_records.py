@@ -2,7 +2,7 @@
 
 import pytest
 
-from ringtrain.bench.records import Measurement, combine_reports, lockstep_rate, summarize
+from ringtrain.bench.records import Measurement, combine_reports, lockstep_rate, percentile, summarize
 from tests.bench.helpers import measurement, report
 
 
@@ -152,3 +152,28 @@ def test_a_failed_run_keeps_its_own_error_over_the_replica_check():
     combine_reports(m, [report(0, 2, 320, 1.0, parameters_digest="aa"), report(1, 2, 320, 1.0,
                                                                                parameters_digest="bb")])
     assert m.error == "exit code 1"
+
+
+def test_percentiles_interpolate_between_the_closest_ranks():
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 100) == 5.0
+
+
+def test_rows_give_the_median_and_tail_of_every_ranks_step_times_over_good_repeats():
+    def run(index: int, repeat: int, times: list[list[float]], ok: bool = True) -> Measurement:
+        m = Measurement(index=index, repeat=repeat, strategy="horovod", np=2)
+        combine_reports(m, [report(r, 2, 320, 1.0, step_seconds=t) for r, t in enumerate(times)])
+        if not ok:
+            m.status, m.error = "failed", "boom"
+        return m
+
+    runs = [run(0, 0, [[1.0, 1.0], [1.0, 3.0]]), run(1, 1, [[1.0, 1.0], [1.0, 1.0]]),
+            run(2, 2, [[9.0, 9.0], [9.0, 9.0]], ok=False)]  # a failed repeat's steps do not count
+    (row,) = summarize(runs)
+    assert row.step_seconds_p50 == 1.0
+    assert row.step_seconds_p95 == pytest.approx(percentile([1.0] * 7 + [3.0], 95))
+    (plain,) = summarize([measurement(0, "ddp", 2, 0, 80.0)])  # no step times: no percentiles
+    assert plain.step_seconds_p50 is None
+    assert plain.step_seconds_p95 is None

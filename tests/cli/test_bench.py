@@ -62,6 +62,10 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     # the barrier ranks measured what lockstep costs: the model's compute slow-down comes from them
     assert {e["compute_factor_from"] for e in body["validation"]} == {"barrier"}
     assert "barrier at 2 processes: efficiency" in table
+    # every built-in run lists its step times: each row gives their median and tail
+    assert "p95 step" in table
+    for row in rows.values():
+        assert 0 < row["step_seconds_p50"] <= row["step_seconds_p95"]
     # data-parallel replicas end bit-identical; the barrier ranks' drift apart (no gradient exchange)
     digests = {s: [r["parameters_digest"] for r in run["reports"]] for s, run in runs.items()}
     assert digests["horovod"][0] == digests["horovod"][1]

@@ -21,9 +21,9 @@ from ringtrain.bench.machine import one_line
 from ringtrain.bench.plan import BARRIER, BASELINE, REFERENCES
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
-               "seconds_per_epoch", "wall_seconds", "items_per_second", "items_per_second_min",
-               "items_per_second_max", "speedup", "efficiency", "spread", "speedup_from", "model_efficiency",
-               "lockstep_efficiency", "status")
+               "step_seconds_p50", "step_seconds_p95", "seconds_per_epoch", "wall_seconds",
+               "items_per_second", "items_per_second_min", "items_per_second_max", "speedup", "efficiency",
+               "spread", "speedup_from", "model_efficiency", "lockstep_efficiency", "status")
 """scaling.csv's header, in order."""
 
 
@@ -73,7 +73,8 @@ def csv_text(body: dict[str, Any]) -> str:
     writer.writerow(CSV_COLUMNS)
     for row in body.get("rows", []):
         writer.writerow([workload, row["strategy"], row["np"], settings.get("scaling", ""), row["runs"],
-                         row["failed"], _num(row.get("seconds_per_step")), _num(row.get("seconds_per_epoch")),
+                         row["failed"], _num(row.get("seconds_per_step")), _num(row.get("step_seconds_p50")),
+                         _num(row.get("step_seconds_p95")), _num(row.get("seconds_per_epoch")),
                          _num(row.get("wall_seconds")), _num(row.get("items_per_second")),
                          _num(row.get("items_per_second_min")), _num(row.get("items_per_second_max")),
                          _num(row.get("speedup")), _num(row.get("efficiency")), _num(row.get("spread")),
@@ -127,9 +128,10 @@ def table_text(body: dict[str, Any]) -> str:
     per_epoch = any(r.get("seconds_per_epoch") for r in rows)
     has_items = any(r.get("items_per_second") is not None for r in rows)
     has_model = any(r.get("model_efficiency") is not None for r in rows)
+    has_tail = any(r.get("step_seconds_p95") is not None for r in rows)
     time_column = "time/epoch" if per_epoch else "time/step" if has_items else "wall time"
-    header = ["processes", "strategy", time_column, "items/s", "speedup", "efficiency", "spread",
-              *(["model"] if has_model else []), "status"]
+    header = ["processes", "strategy", time_column, *(["p95 step"] if has_tail else []), "items/s", "speedup",
+              "efficiency", "spread", *(["model"] if has_model else []), "status"]
     table = [header]
     for r in rows:
         time_value = r.get("seconds_per_epoch") if per_epoch else r.get("seconds_per_step") if has_items \
@@ -138,6 +140,7 @@ def table_text(body: dict[str, Any]) -> str:
         if r.get("speedup_from") == "wall time" and r.get("speedup") is not None:
             speedup += " (wall)"
         line = [str(r["np"]), r["strategy"], _seconds(time_value),
+                *([_seconds(r.get("step_seconds_p95"))] if has_tail else []),
                 "-" if r.get("items_per_second") is None else f"{r['items_per_second']:,.1f}",
                 speedup, "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}",
                 "-" if r.get("spread") is None else f"{100 * r['spread']:.1f}%"]
@@ -145,10 +148,13 @@ def table_text(body: dict[str, Any]) -> str:
             line.append("-" if r.get("model_efficiency") is None else f"{r['model_efficiency']:.2f}")
         line.append(r["status"])
         table.append(line)
-    lines = heading(body) + [""] + _align(table, right={0, 2, 3, 4, 5, 6} | ({7} if has_model else set()))
+    numeric = len(header) - 3 - (1 if has_model else 0)  # from the time column to spread
+    right = {0, *range(2, 2 + numeric)} | ({len(header) - 2} if has_model else set())
+    lines = heading(body) + [""] + _align(table, right=right)
     lines.append("")
     lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
                  "processes); spread: (max - min) / median over the repeats"
+                 + ("; p95 step: 95th percentile of every rank's step times" if has_tail else "")
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
     for r in rows:
         lockstep = r.get("lockstep_efficiency")

@@ -139,6 +139,21 @@ def lockstep_time(series: Sequence[Sequence[float]]) -> tuple[int, float]:
     return count, sum(max(float(s[k]) for s in series) for k in range(count))
 
 
+def step_times(runs: Sequence[Measurement]) -> list[float]:
+    """Every timed step of every rank of ``runs`` (the reports' ``step_seconds``), pooled."""
+    return [float(t) for m in runs for body in m.reports
+            if isinstance(body.get("step_seconds"), list) for t in body["step_seconds"]]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (linear between the closest ranks, as numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -157,6 +172,11 @@ class Row:
     items_per_second_min: float | None = None
     items_per_second_max: float | None = None
     seconds_per_step: float | None = None
+    step_seconds_p50: float | None = None
+    """Median of every timed step of every rank in the repeats that succeeded (built-in workloads)."""
+    step_seconds_p95: float | None = None
+    """95th percentile of the same steps: a tail far above the median is a machine that jitters, which
+    synchronous ranks pay at every step (docs/bench.md)."""
     seconds_per_epoch: float | None = None
     wall_seconds: float | None = None
     speedup: float | None = None
@@ -209,6 +229,9 @@ def summarize(measurements: list[Measurement]) -> list[Row]:
             row.items_per_second_min, row.items_per_second_max = min(rates), max(rates)
             row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else 0.0
         row.seconds_per_step = _median([m.seconds_per_step for m in good if m.seconds_per_step])
+        steps = step_times(good)
+        if steps:
+            row.step_seconds_p50, row.step_seconds_p95 = percentile(steps, 50), percentile(steps, 95)
         row.seconds_per_epoch = _median([m.seconds_per_epoch for m in good if m.seconds_per_epoch])
         walls = [m.wall_seconds for m in good if m.wall_seconds is not None]
         row.wall_seconds = _median(walls)
