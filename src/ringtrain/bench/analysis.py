@@ -29,7 +29,7 @@ from ringtrain.bench.model import (
     predict,
     project,
 )
-from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, REFERENCES, STRATEGIES
+from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, STRATEGIES, is_competitor
 from ringtrain.bench.records import Measurement
 
 
@@ -126,7 +126,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
     lockstep = {r["np"]: r["efficiency"] for r in body.get("rows", [])
                 if r["strategy"] == BARRIER and r.get("efficiency")}
     for row in body.get("rows", []):
-        if row["strategy"] == BASELINE or row["strategy"] in REFERENCES or row.get("efficiency") is None:
+        if not is_competitor(row["strategy"]) or row.get("efficiency") is None:
             continue
         members = [m for m in runs if m.strategy == row["strategy"] and m.np == row["np"] and m.ok]
         members = [m for m in members if link_applies(link, m)]
@@ -155,7 +155,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
         connects.append(Interconnect("measured", f"this sweep's link ({link.get('kind')})",
                                      link["beta_bytes_per_s"], link["alpha_s"]))
     wires = {_is_fp16(s) for s in body.get("settings", {}).get("strategies", [])
-             if s != BASELINE and s not in REFERENCES} or {False}
+             if is_competitor(s)} or {False}
     for fp16 in sorted(wires):
         key = "fp16" if fp16 else "fp32"
         if key in inputs:

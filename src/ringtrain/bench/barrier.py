@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ringtrain.train.strategies import HorovodStrategy
+from ringtrain.train.strategies import HorovodStrategy, step_optimizer
 
 #: Name of the per-step allreduce (one name: the engine's response cache serves it from the 2nd step).
 BARRIER_NAME = "ringtrain.bench.barrier"
@@ -47,8 +47,4 @@ class BarrierStrategy(HorovodStrategy):
         assert self._hvd is not None, "setup() first"
         self._hvd.allreduce_(self._token, name=BARRIER_NAME, op=self._hvd.Sum)
         self.barriers += 1
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        step_optimizer(optimizer, scaler)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
-from ringtrain.bench.plan import BARRIER, BASELINE, REFERENCES
+from ringtrain.bench.plan import BARRIER, is_competitor
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "step_seconds_p50", "step_seconds_p95", "seconds_per_epoch", "wall_seconds",
@@ -148,8 +148,7 @@ def table_text(body: dict[str, Any]) -> str:
             line.append("-" if r.get("model_efficiency") is None else f"{r['model_efficiency']:.2f}")
         line.append(r["status"])
         table.append(line)
-    numeric = len(header) - 3 - (1 if has_model else 0)  # from the time column to spread
-    right = {0, *range(2, 2 + numeric)} | ({len(header) - 2} if has_model else set())
+    right = {i for i, name in enumerate(header) if name not in ("strategy", "status")}  # the numbers
     lines = heading(body) + [""] + _align(table, right=right)
     lines.append("")
     lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
@@ -179,8 +178,7 @@ def barrier_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r["strategy"] != BARRIER or not r.get("efficiency"):
             continue
         rivals = [f"{o['strategy']} reaches {o['efficiency'] / r['efficiency']:.2f} of it" for o in rows
-                  if o["np"] == r["np"] and o.get("efficiency") and o["strategy"] != BASELINE
-                  and o["strategy"] not in REFERENCES]
+                  if o["np"] == r["np"] and o.get("efficiency") and is_competitor(o["strategy"])]
         lines.append(f"barrier at {r['np']} processes: efficiency {r['efficiency']:.2f} (ranks in lockstep, "
                      "4 bytes a step): what synchronization alone costs here"
                      + (f"; {', '.join(rivals)}" if rivals else ""))

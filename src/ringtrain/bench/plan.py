@@ -40,6 +40,12 @@ REFERENCES = frozenset({INDEPENDENT, BARRIER})
 
 BASELINE = "single"
 
+
+def is_competitor(strategy: str) -> bool:
+    """True for a distributed strategy under test; False for the baseline and the references."""
+    return strategy != BASELINE and strategy not in REFERENCES
+
+
 #: What a launcher or scheduler sets to make a process one rank of many. A plain run (the baseline,
 #: the independent copies) goes without them, so that inside a Slurm allocation or an mpirun it is
 #: still one process alone and not a rank waiting for others.

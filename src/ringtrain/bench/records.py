@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ringtrain.bench.plan import BASELINE, INDEPENDENT, REFERENCES
+from ringtrain.bench.plan import BASELINE, INDEPENDENT, is_competitor
 
 
 @dataclass
@@ -105,7 +105,7 @@ def replicas_diverged(strategy: str, reports: list[dict[str, Any]]) -> str | Non
     strategy stay identical; one that skipped or botched the exchange would look fast for nothing.
     The references (independent copies, the barrier ranks) drift apart by design and are not checked.
     """
-    if strategy == BASELINE or strategy in REFERENCES:
+    if not is_competitor(strategy):
         return None
     digests = {b["parameters_digest"] for b in reports if b.get("parameters_digest")}
     if len(digests) <= 1:

@@ -88,6 +88,15 @@ class Strategy(ABC):
         """
 
 
+def step_optimizer(optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
+    """Apply ``optimizer`` to gradients that need no further exchange (through ``scaler`` under AMP)."""
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
 class DDPStrategy(Strategy):
     """torch DistributedDataParallel: gloo on CPU, NCCL on CUDA (gloo where ranks share a GPU).
 
@@ -157,11 +166,7 @@ class DDPStrategy(Strategy):
                 yield
 
     def step(self, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        step_optimizer(optimizer, scaler)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
