@@ -96,10 +96,22 @@ def test_independent_copies_give_the_lockstep_rate_each_step_waiting_for_its_slo
     combine_reports(m, _copies([1.0, 2.0, 1.0], [2.0, 1.0, 1.0]))
     assert m.items_per_second == pytest.approx(60 / 4)  # each copy took 4 s on its own
     assert m.lockstep_items_per_second == pytest.approx(60 / 5)  # in lockstep: 2 + 2 + 1 s
-    # Only as many steps as every copy listed; a copy without step times gives no ceiling.
-    assert lockstep_rate(_copies([1.0, 3.0], [2.0])) == pytest.approx(20 / 2)
+    # Waits only at the steps every copy listed (copy 0 waits 1 s at the first); a copy without step
+    # times gives no ceiling.
+    assert lockstep_rate(_copies([1.0, 3.0], [2.0])) == pytest.approx(30 / 5)
     assert lockstep_rate([*_copies([1.0]), report(1, 2, 10, 1.0)]) is None
     assert lockstep_rate(_copies([1.0])) is None
+
+
+def test_the_lockstep_ceiling_never_passes_the_copies_own_rate_despite_rounded_step_times():
+    # The worker rounds step times to 10 us: here one copy is the slowest at every step, and its
+    # listed steps sum to 3 us less than the time it measured (CI once saw a ceiling 1.6e-5 above).
+    m = Measurement(index=0, repeat=0, strategy="independent", np=2)
+    slow = [0.01001] * 12
+    combine_reports(m, [report(0, 2, 120, sum(slow) + 3e-6, steps=12, step_seconds=slow),
+                        report(1, 2, 120, 12 * 0.00833, steps=12, step_seconds=[0.00833] * 12)])
+    assert m.lockstep_items_per_second <= m.items_per_second
+    assert m.lockstep_items_per_second == pytest.approx(240 / (sum(slow) + 3e-6))
 
 
 def test_the_lockstep_ceiling_is_for_independent_copies_and_becomes_the_rows_efficiency_bound():

@@ -118,7 +118,11 @@ def replicas_diverged(strategy: str, reports: list[dict[str, Any]]) -> str | Non
 def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:
     """Items/s of all ``reports``' processes had each step waited for that step's slowest process.
 
-    None unless at least two processes listed their step times (``step_seconds``) and steps.
+    Each process's own time (``seconds``) grows by what it would have waited: at every step that all
+    of them timed (``step_seconds``), the slowest one's step less its own. Built on the measured
+    times rather than on the sums of the listed ones (which the worker rounds to 10 us and caps in
+    number), the ceiling can never pass the processes' own throughput.
+    None unless at least two processes listed their step times and steps.
     """
     series: list[list[Any]] = []
     for body in reports:
@@ -128,8 +132,11 @@ def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:
         series.append(steps)
     if len(series) < 2:
         return None
-    count, lockstep = lockstep_time(series)
-    items = sum(float(b["items"]) / int(b["steps"]) * count for b in reports)
+    count, _ = lockstep_time(series)
+    slowest = [max(float(s[k]) for s in series) for k in range(count)]
+    lockstep = max(float(body["seconds"]) + sum(slow - float(own[k]) for k, slow in enumerate(slowest))
+                   for body, own in zip(reports, series))
+    items = sum(float(b["items"]) for b in reports)
     return items / lockstep if lockstep > 0 else None
 
 
