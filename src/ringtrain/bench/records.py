@@ -132,18 +132,22 @@ def lockstep_rate(reports: list[dict[str, Any]]) -> float | None:
         series.append(steps)
     if len(series) < 2:
         return None
-    count, _ = lockstep_time(series)
-    slowest = [max(float(s[k]) for s in series) for k in range(count)]
+    slowest = slowest_steps(series)
     lockstep = max(float(body["seconds"]) + sum(slow - float(own[k]) for k, slow in enumerate(slowest))
                    for body, own in zip(reports, series))
     items = sum(float(b["items"]) for b in reports)
     return items / lockstep if lockstep > 0 else None
 
 
+def slowest_steps(series: Sequence[Sequence[float]]) -> list[float]:
+    """Each step's slowest time across the processes, over the steps every process timed."""
+    return [max(float(s[k]) for s in series) for k in range(min(len(s) for s in series))]
+
+
 def lockstep_time(series: Sequence[Sequence[float]]) -> tuple[int, float]:
     """(steps, seconds) of the steps every process timed, had each waited for that step's slowest."""
-    count = min(len(s) for s in series)
-    return count, sum(max(float(s[k]) for s in series) for k in range(count))
+    slowest = slowest_steps(series)
+    return len(slowest), sum(slowest)
 
 
 def step_times(runs: Sequence[Measurement]) -> list[float]:
