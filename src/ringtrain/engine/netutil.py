@@ -1,0 +1,62 @@
+"""Small socket helpers every part of the package shares: exact receive, route choice, free ports.
+
+One home for them, so that the job store, the control plane and the launcher agree on what "the
+peer closed the connection" and "the address that reaches that host" mean.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ringtrain.exceptions import UsageError
+
+__all__ = ["PeerClosedError", "check_port_free", "free_port", "recv_exact", "route_address"]
+
+
+class PeerClosedError(ConnectionResetError):
+    """The other side closed the connection before everything expected arrived."""
+
+
+def recv_exact(sock: socket.socket, count: int) -> bytearray:
+    """Exactly ``count`` bytes from ``sock``, received straight into one buffer.
+
+    Raises :class:`PeerClosedError` when the peer closes first; a socket timeout (``TimeoutError``) and
+    other ``OSError`` pass through, for the caller to name the peer.
+    """
+    buffer = bytearray(count)
+    view = memoryview(buffer)
+    got = 0
+    while got < count:
+        n = sock.recv_into(view[got:], count - got)
+        if n == 0:
+            raise PeerClosedError("the other side closed the connection")
+        got += n
+    return buffer
+
+
+def route_address(target: str) -> str | None:
+    """The local IPv4 address the kernel would use to reach ``target`` (a name or an address; no packet
+    is sent), or None when there is no route or the name does not resolve."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))  # a datagram socket's connect only picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int, host: str = "") -> None:
+    """Error out early, with the port in the message, when the rendezvous port is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise UsageError(f"master port {port} is already in use on this host. HINT: pick another "
+                             "with --master-port, or leave it out to use a free port.") from None
