@@ -6,11 +6,18 @@ peer closed the connection" and "the address that reaches that host" mean.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
+from collections.abc import Sequence
 
 from ringtrain.exceptions import UsageError
 
-__all__ = ["PeerClosedError", "check_port_free", "free_port", "recv_exact", "route_address"]
+__all__ = ["PeerClosedError", "candidate_addresses", "check_port_free", "free_port", "interface_address",
+           "interface_addresses", "recv_exact", "route_address"]
+
+#: Linux's ioctl that reads an interface's IPv4 address.
+_SIOCGIFADDR = 0x8915
 
 
 class PeerClosedError(ConnectionResetError):
@@ -43,6 +50,45 @@ def route_address(target: str) -> str | None:
             return str(probe.getsockname()[0])
     except OSError:
         return None
+
+
+def interface_address(name: str) -> str | None:
+    """IPv4 address of network interface ``name`` (Linux), or None."""
+    try:
+        import fcntl  # Linux and other Unix systems
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except (OSError, ImportError):
+        return None
+
+
+def interface_addresses() -> tuple[tuple[str, str], ...]:
+    """``(name, IPv4 address)`` of this host's interfaces (Linux ioctl; "" where one has no IPv4)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return ()
+    return tuple((name, interface_address(name) or "") for name in names)
+
+
+def candidate_addresses(main_address: str, interfaces: Sequence[str] = ()) -> list[str]:
+    """Where peers on other nodes may reach this process, most likely first (``interfaces``: those of
+    ``GLOO_SOCKET_IFNAME``)."""
+    found: list[str | None] = []
+    for name in interfaces:
+        found.append(interface_address(name))
+    if main_address:
+        found.append(route_address(main_address))
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
+            found.append(str(info[4][0]))
+    out: list[str] = []
+    for address in found:
+        if address and address not in out:
+            out.append(address)
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
