@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from ringtrain.cli.errors import UsageError
 from ringtrain.cli.run import add_run_arguments, config_from_args
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
 
