@@ -78,3 +78,25 @@ def test_free_port_is_free_and_a_taken_one_is_refused():
         holder.listen(1)
         with pytest.raises(UsageError, match=rf"master port {port} is already in use.*HINT"):
             netutil.check_port_free(port)
+
+
+def test_recv_into_exact_fills_a_view_of_an_existing_buffer(pair):
+    a, b = pair
+    target = bytearray(b"......")
+    a.sendall(b"abc")
+    a.sendall(b"def")
+    netutil.recv_into_exact(b, memoryview(target)[1:5])
+    assert target == bytearray(b".abcd.")
+    a.close()
+    with pytest.raises(netutil.PeerClosedError):
+        netutil.recv_into_exact(b, memoryview(target)[:3])  # "ef" is there, then the close
+    assert target == bytearray(b"efbcd.")
+
+
+def test_open_listener_listens_and_a_taken_port_is_refused_without_a_leak():
+    with netutil.open_listener("127.0.0.1") as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=30):
+            pass
+        with pytest.raises(OSError):
+            netutil.open_listener("127.0.0.1", port)

@@ -154,3 +154,8 @@ def test_pbs_job_without_a_node_file_runs_here():
     plan = resolve_plan(config("-np", "2"), {"PBS_JOBID": "1.s"})
     assert isinstance(plan, NodePlan)
     assert (plan.local_only, plan.nproc, plan.source) == (True, 2, "local")
+
+
+def test_a_slurm_variable_that_is_not_a_number_is_a_usage_error_naming_it():
+    with pytest.raises(UsageError, match="SLURM_NNODES='two' is not an integer.*HINT"):
+        resolve_plan(config(), {"SLURM_JOB_ID": "7", "SLURM_NNODES": "two"})

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine import auth
-from ringtrain.engine.netutil import PeerClosedError, candidate_addresses, recv_exact
+from ringtrain.engine.netutil import PeerClosedError, candidate_addresses, open_listener, recv_exact
 from ringtrain.exceptions import AuthenticationError, ControlPlaneError
 
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
@@ -143,16 +143,12 @@ class ControlPlane:
         """
         key = auth.derive_key(secret, _PURPOSE)
         host = bind_host or "0.0.0.0"
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind((host, 0))
+            listener = open_listener(host, 0, backlog=max(size, 128))
         except OSError as exc:
-            listener.close()
             raise ControlPlaneError(
                 f"rank {rank}: cannot listen on {host} for the control plane: {exc}. HINT: check "
                 "GLOO_SOCKET_IFNAME, or set RINGTRAIN_CONTROL_PLANE=gloo.") from None
-        listener.listen(max(size, 128))
         port = listener.getsockname()[1]
         me = {"node": node_identity(), "port": port, "bound": host,
               "hosts": [host] if host != "0.0.0.0" else candidate_addresses(main_address, interfaces)}

@@ -63,7 +63,7 @@ import torch.distributed as dist
 
 from ringtrain.engine import auth
 from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET, new_secret, secret_from_environ
-from ringtrain.engine.netutil import recv_exact
+from ringtrain.engine.netutil import open_listener, recv_exact
 from ringtrain.exceptions import AuthenticationError, JobStoreError
 
 __all__ = [
@@ -189,14 +189,9 @@ class JobStoreServer:
         self._key = auth.derive_key(secret, _PURPOSE)
         self.handshake_timeout = handshake_timeout
         self.max_handshakes = max(1, max_handshakes)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(1024)
+            listener = open_listener(host, port, backlog=1024)
         except OSError as exc:
-            listener.close()
             raise OSError(exc.errno, f"the job store cannot listen on {join_address(host, port)}: "
                                      f"{exc.strerror}") from None
         self.host = host

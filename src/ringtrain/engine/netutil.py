@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ringtrain.exceptions import UsageError
 
 __all__ = ["PeerClosedError", "candidate_addresses", "check_port_free", "free_port", "interface_address",
-           "interface_addresses", "recv_exact", "route_address"]
+           "interface_addresses", "open_listener", "recv_exact", "recv_into_exact", "route_address"]
 
 #: Linux's ioctl that reads an interface's IPv4 address.
 _SIOCGIFADDR = 0x8915
@@ -24,20 +24,23 @@ class PeerClosedError(ConnectionResetError):
     """The other side closed the connection before everything expected arrived."""
 
 
-def recv_exact(sock: socket.socket, count: int) -> bytearray:
-    """Exactly ``count`` bytes from ``sock``, received straight into one buffer.
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` (a writable byte view, e.g. of a tensor) from a blocking ``sock``, all of it.
 
     Raises :class:`PeerClosedError` when the peer closes first; a socket timeout (``TimeoutError``) and
     other ``OSError`` pass through, for the caller to name the peer.
     """
-    buffer = bytearray(count)
-    view = memoryview(buffer)
-    got = 0
-    while got < count:
-        n = sock.recv_into(view[got:], count - got)
-        if n == 0:
+    while len(view):
+        got = sock.recv_into(view)
+        if got == 0:
             raise PeerClosedError("the other side closed the connection")
-        got += n
+        view = view[got:]
+
+
+def recv_exact(sock: socket.socket, count: int) -> bytearray:
+    """Exactly ``count`` bytes from ``sock`` in a new buffer (errors as :func:`recv_into_exact`)."""
+    buffer = bytearray(count)
+    recv_into_exact(sock, memoryview(buffer))
     return buffer
 
 
@@ -89,6 +92,22 @@ def candidate_addresses(main_address: str, interfaces: Sequence[str] = ()) -> li
         if address and address not in out:
             out.append(address)
     return out
+
+
+def open_listener(host: str, port: int = 0, backlog: int = 128) -> socket.socket:
+    """A TCP socket listening on ``(host, port)`` (IPv6 when ``host`` has a ``:``); closed again when it
+    cannot bind or listen, so the caller only words the error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # A restarted job takes its port again at once instead of waiting out TIME_WAIT.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 def free_port(host: str = "127.0.0.1") -> int:

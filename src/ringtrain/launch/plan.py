@@ -168,8 +168,11 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
     job = scheduler_job(environ)
     if isinstance(job, (SlurmEnvironment, SlurmShellEnvironment)):
-        if job.job_nodes is not None:
-            return _slurm_plan(config, job, job.job_nodes, environ, run_id)
+        try:
+            if job.job_nodes is not None:
+                return _slurm_plan(config, job, job.job_nodes, environ, run_id)
+        except ClusterEnvironmentError as exc:  # a variable that is not a number: it names it and the fix
+            raise UsageError(str(exc)) from None
     elif isinstance(job, (PbsEnvironment, LsfEnvironment)) and job.host_file_variable:
         return _allocation_hosts(config, job)
     nproc = config.num_proc or config.nproc_per_node or 1
