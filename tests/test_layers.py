@@ -1,6 +1,6 @@
 """The package's imports run one way, down these layers (DESIGN.md, "Layering"):
 
-    cli -> bench -> train / checks -> workloads -> launch -> shim -> the Horovod API -> engine -> env
+    cli -> bench -> train / check -> workloads -> launch -> shim -> the Horovod API -> engine -> env
 
 ``ringtrain.exceptions`` is at the bottom, usable from anywhere. Imports are read from the source
 with ``ast``, those inside functions included: a lazy import that goes upward is a cycle in disguise.
@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("cli", 80, ("ringtrain.cli",)),
     ("bench", 70, ("ringtrain.bench",)),
     ("train", 60, ("ringtrain.train",)),
-    ("checks", 60, ("ringtrain.checks",)),
+    ("check", 60, ("ringtrain.check",)),
     ("workloads", 50, ("ringtrain.workloads",)),
     ("launch", 40, ("ringtrain.launch",)),
     # The horovod shim forwards to the API; the launcher puts it on the workers' PYTHONPATH.

@@ -24,8 +24,8 @@ The tree::
         └── ElasticWorkerExit             the elastic driver ended this worker's part (removed, or job over)
 
 Horovod scripts import the last two from ``horovod.common.exceptions`` (the shim maps that module
-here). The others are also importable from the modules that raise them (``ringtrain.cli.errors``,
-``ringtrain.workloads``, ``ringtrain.train.snapshots`` ...), where earlier releases defined them.
+here). Import the others from here; a few are also importable from the modules that raise them
+(``ringtrain.workloads``, ``ringtrain.train.snapshots`` ...), where earlier releases defined them.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class ControlPlaneError(ConnectionError):
 
 
 class JobStoreError(ConnectionError):
-    """The job's key-value store (:mod:`ringtrain.engine.jobstore`) cannot be reached or went away."""
+    """The job's key-value store (:mod:`ringtrain.engine.job_store`) cannot be reached or went away."""
 
 
 class AuthenticationError(ConnectionError):

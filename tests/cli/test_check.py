@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ringtrain.cli.check import parse_sizes
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from tests.integration.system import clean_env, ringtrain_has_command, skip_unless_collectives
 from tests.ranks import free_port
 
@@ -136,13 +136,13 @@ def _min_answers_max(hvd):
 
 
 def _run_checks_with_broken_min() -> list[tuple[str, bool, str]]:
-    from ringtrain import checks
+    from ringtrain import check
 
-    hvd = checks.load_api()
+    hvd = check.load_api()
     hvd.init()
     try:
-        results = checks.run_collective_checks(_min_answers_max(hvd), torch.device("cpu"))
-        total = checks.count_failures_everywhere(hvd, sum(not r.ok for r in results))
+        results = check.run_collective_checks(_min_answers_max(hvd), torch.device("cpu"))
+        total = check.count_failures_everywhere(hvd, sum(not r.ok for r in results))
     finally:
         hvd.shutdown()
     return [(r.name, r.ok, r.detail) for r in results] + [("total", total == 2, str(total))]

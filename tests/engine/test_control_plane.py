@@ -364,10 +364,6 @@ def test_unknown_mode_names_the_value(monkeypatch):
     assert Settings.from_environ().control_plane == "gloo"
 
 
-def test_candidate_addresses_include_the_route_to_the_store():
-    assert "127.0.0.1" in cp.candidate_addresses("127.0.0.1")
-
-
 # ----------------------------------------------------------------------------- inside real ranks
 def _ops_with_plane(mode: str) -> tuple[bool, list[float], int]:
     import ringtrain.mpi_ops as hvd

@@ -19,8 +19,8 @@ from ringtrain.engine.controller import IDLE, Controller, RoundResult, display_n
 from ringtrain.engine.executor import SetGroups
 from ringtrain.engine.requests import AVERAGE, SUM, OpType, Request, RequestMeta, Response
 from ringtrain.engine.settings import Settings
-from ringtrain.engine.store import World, make_gloo_group
 from ringtrain.engine.timeline import Timeline
+from ringtrain.engine.world_rendezvous import World, make_gloo_group
 
 
 class Harness:

@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from ringtrain.engine import elastic_rendezvous as rdzv
-from ringtrain.engine import jobstore
+from ringtrain.engine import job_store
 from ringtrain.exceptions import ElasticWorkerExit
 
 SECRET = "b" * 64
@@ -23,23 +23,23 @@ HOROVOD_NAMES = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LO
 
 
 @pytest.fixture
-def driver() -> Iterator[jobstore.JobStore]:
+def driver() -> Iterator[job_store.JobStore]:
     """The driver's end: a job store server and a client of it."""
-    with jobstore.JobStoreServer(SECRET) as server:
-        store = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+    with job_store.JobStoreServer(SECRET) as server:
+        store = job_store.JobStore(server.address, SECRET, timeout=30.0)
         yield store
         store.close()
 
 
 @pytest.fixture
-def client(driver: jobstore.JobStore, monkeypatch: pytest.MonkeyPatch) -> rdzv.WorkerClient:
+def client(driver: job_store.JobStore, monkeypatch: pytest.MonkeyPatch) -> rdzv.WorkerClient:
     for name in HOROVOD_NAMES:  # join() sets them, as Horovod's reset does; restored after the test
         monkeypatch.setenv(name, "unset")
-    connection = jobstore.JobStore(driver.address, SECRET, timeout=30.0)
+    connection = job_store.JobStore(driver.address, SECRET, timeout=30.0)
     return rdzv.WorkerClient("w2", connection, first_generation=1)
 
 
-def publish(store: jobstore.JobStore, generation: int, workers: dict[str, rdzv.Slot],
+def publish(store: job_store.JobStore, generation: int, workers: dict[str, rdzv.Slot],
             updates: int = 0) -> None:
     store.set(rdzv.assignment_key(generation), rdzv.Assignment(generation, updates, workers).to_json())
     store.set(rdzv.CURRENT, str(generation))
@@ -126,7 +126,7 @@ def test_a_stopping_job_ends_waiting_workers_with_1(driver, client):
 
 
 def test_waits_of_an_abandoned_generation_fail_at_once(driver):
-    store = rdzv.GenerationStore(jobstore.JobStore(driver.address, SECRET, timeout=30.0), 4, timeout_s=300.0)
+    store = rdzv.GenerationStore(job_store.JobStore(driver.address, SECRET, timeout=30.0), 4, timeout_s=300.0)
     prefixed = dist.PrefixStore("engine/", store)  # as the engine uses it: C++ calls back into Python
     thread, out = in_thread(lambda: prefixed.get("ctrl/addr/1"))
     driver.set(rdzv.abort_key(4), "worker w7 failed")
@@ -137,7 +137,7 @@ def test_waits_of_an_abandoned_generation_fail_at_once(driver):
 
 
 def test_generation_store_is_a_store(driver):
-    store = rdzv.GenerationStore(jobstore.JobStore(driver.address, SECRET, timeout=30.0), 1, timeout_s=30.0)
+    store = rdzv.GenerationStore(job_store.JobStore(driver.address, SECRET, timeout=30.0), 1, timeout_s=30.0)
     store.set("a", "1")
     assert store.get("a") == b"1"
     assert store.add("n", 2) == 2

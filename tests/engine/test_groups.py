@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from ringtrain.engine.groups import EngineGroups
 from ringtrain.engine.settings import Settings
-from ringtrain.engine.store import World
+from ringtrain.engine.world_rendezvous import World
 
 
 def test_sets_get_ids_in_order_and_the_global_one_stays():

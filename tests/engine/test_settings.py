@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.engine import store
+from ringtrain.engine import world_rendezvous
 from ringtrain.engine.settings import Choice, Number, Settings, knob_of, knobs, markdown_table
 from ringtrain.exceptions import SettingError
 
@@ -145,12 +145,12 @@ def test_no_module_but_settings_reads_a_knob():
 
 
 #: The engine and the Horovod API: only the settings module reads the environment (and the store,
-#: for the facts of the launch in store.LAUNCH_FACTS, which are not knobs).
+#: for the facts of the launch in world_rendezvous.LAUNCH_FACTS, which are not knobs).
 _API = ("engine/", "elastic/", "mpi_ops.py", "optimizer.py", "functions.py", "compression.py",
         "process_sets.py", "sync_batch_norm.py", "ops/")
-#: settings.py reads the knobs; store.py and elastic_rendezvous.py read (and the latter sets) the
+#: settings.py reads the knobs; world_rendezvous.py and elastic_rendezvous.py read (and the latter sets) the
 #: launcher's contract: who started this process and where this worker stands in an elastic job.
-_ENVIRON_READERS = {"engine/settings.py", "engine/store.py", "engine/elastic_rendezvous.py"}
+_ENVIRON_READERS = {"engine/settings.py", "engine/world_rendezvous.py", "engine/elastic_rendezvous.py"}
 
 
 def test_engine_and_api_modules_do_not_read_the_environment():
@@ -160,10 +160,11 @@ def test_engine_and_api_modules_do_not_read_the_environment():
         lines = [line for line in path.read_text().splitlines() if re.search(r"os\.environ|getenv\(", line)]
         if relative.startswith(_API) and lines:
             found.add(relative)
-        if relative == "engine/store.py":
+        if relative == "engine/world_rendezvous.py":
             # only the facts of the launch (torchrun's run and attempt, the job store and secret)
             assert all("LAUNCH_FACTS" in line for line in lines), lines
-    assert not {k.variable for k in knobs()} & set(store.LAUNCH_FACTS), "a knob belongs in Settings"
+    launch_facts = set(world_rendezvous.LAUNCH_FACTS)
+    assert not {k.variable for k in knobs()} & launch_facts, "a knob belongs in Settings"
     assert found == _ENVIRON_READERS
 
 

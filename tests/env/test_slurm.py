@@ -146,3 +146,11 @@ def test_bad_integer_is_a_warning_not_a_crash() -> None:
     assert any("SLURM_PROCID='five'" in w and "HINT" in w for w in warnings)
     with pytest.raises(EnvironmentError_, match="SLURM_PROCID"):
         env.placement()
+
+
+@pytest.mark.parametrize("step", ["batch", "extern", "interactive", "4294967294", "4294967295", "4294967291"])
+def test_the_steps_that_are_not_srun_are_shells_by_name_and_by_sentinel(step: str) -> None:
+    """A batch script whose Slurm exports the 0xFFFFFFFE sentinel is a shell, not rank 5 of 10 (the hang)."""
+    env = detect_environment(_step(SLURM_STEP_ID=step))
+    assert isinstance(env, SlurmShellEnvironment)
+    assert env.world_size() == 1

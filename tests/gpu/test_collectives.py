@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 import ringtrain as hvd
-from ringtrain import checks
+from ringtrain import check
 from ringtrain.engine import state
 from tests.engine.hvd_env import fresh
 from tests.gpu.placements import Placement, mismatch, rank_device
@@ -118,7 +118,7 @@ def _every_collective(kind: str) -> dict:
         rank, size = hvd.rank(), hvd.size()
         problems = _allreduces(device, rank, size) + _moves(device, rank, size)
         # ringtrain check's own checks (Adasum, the large allreduce path, ...) on this device
-        for result in checks.run_collective_checks(hvd, device, lambda name: None):
+        for result in check.run_collective_checks(hvd, device, lambda name: None):
             if not result.ok and not result.skipped:
                 problems.append(f"check {result.name}: {result.detail}")
         return {"problems": [p for p in problems if p], "device": str(device),

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ringtrain import checks
+from ringtrain import check
 from tests.gpu.placements import Placement
 
 STRATEGIES = ("ddp", "horovod")
@@ -28,7 +28,7 @@ def _pinned(kind: str, strategy_name: str) -> dict:
         return {"local_rank": strategy.local_rank, "device": str(strategy.device),
                 "current": torch.cuda.current_device() if cuda else None,
                 "count": torch.cuda.device_count() if cuda else 0,
-                "check_device": str(checks.pick_device("auto" if cuda else "cpu", strategy.local_rank)),
+                "check_device": str(check.pick_device("auto" if cuda else "cpu", strategy.local_rank)),
                 "nccl_group": getattr(strategy, "group", None) is not None}
     finally:
         strategy.teardown()

@@ -13,12 +13,12 @@ import torch
 
 
 def main() -> int:
-    from ringtrain import checks
+    from ringtrain import check
     from ringtrain.env import detect_environment
 
     torch.set_num_threads(1)
     placement = detect_environment().placement()
-    hvd = checks.load_api()
+    hvd = check.load_api()
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank())]), name="script.sum", op=hvd.Sum)
     # One write per line: print() writes the text and the newline separately, and the launcher's

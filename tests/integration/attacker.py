@@ -124,13 +124,13 @@ def store_client(host: str, port: int, run_id: str) -> dict:
 
 def _job_store_attack(host: str, port: int, report: dict) -> None:
     try:
-        from ringtrain.engine import jobstore
+        from ringtrain.engine import job_store
     except ImportError:  # a ringtrain without a job store (the attack suite also runs against old code)
         return
 
     for secret in (None, "0" * 64):
         try:
-            client = jobstore.JobStore(f"{host}:{port}", secret, timeout=3.0)
+            client = job_store.JobStore(f"{host}:{port}", secret, timeout=3.0)
         except Exception:  # noqa: BLE001 - refused: what should happen
             continue
         report["job_store_joined"] = True

@@ -17,11 +17,11 @@ def _data(rank: int, numel: int) -> torch.Tensor:
 
 
 def main() -> int:
-    from ringtrain import checks
+    from ringtrain import check
     from ringtrain.engine import state
 
     torch.set_num_threads(1)
-    hvd = checks.load_api()
+    hvd = check.load_api()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     every = [_data(r, 200_000) for r in range(size)]

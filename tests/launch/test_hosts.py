@@ -2,7 +2,7 @@
 
 import pytest
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import (
     HostSlots,
     assign_slots,

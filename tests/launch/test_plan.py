@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from ringtrain.cli.errors import UsageError
 from ringtrain.cli.run import add_run_arguments, config_from_args
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
 
@@ -121,3 +121,41 @@ def test_a_broken_host_file_is_a_usage_error_naming_it(tmp_path):
         resolve_plan(config(), {"PBS_JOBID": "1.s", "PBS_NODEFILE": str(nodefile)})
     with pytest.raises(UsageError, match="PBS_NODEFILE: cannot read the node file"):
         resolve_plan(config(), {"PBS_JOBID": "1.s", "PBS_NODEFILE": str(tmp_path / "missing")})
+
+
+def test_srun_pty_shell_is_a_one_node_step():
+    """``srun --pty bash`` in an allocation is a step: ringtrain run there starts the ranks of its node and
+    never nests another srun."""
+    env = {**SLURM_STEP, "SLURM_PTY_PORT": "4242", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1",
+           "SLURM_STEP_NUM_TASKS": "1", "SLURM_NODEID": "0"}
+    plan = resolve_plan(config("-np", "2"), env)
+    assert isinstance(plan, NodePlan)
+    assert (plan.local_only, plan.nproc, plan.source) == (True, 2, "slurm step (one node)")
+
+
+def test_lsf_rank_file_wins_and_drops_the_launch_node(tmp_path):
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("batch1\n" + "c1\n" * 2 + "c2\n" * 2)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("batch1\n" + "c1\n" * 2 + "c2\n" * 2)
+    plan = resolve_plan(config(), {"LSB_JOBID": "4711", "LSB_DJOB_RANKFILE": str(rankfile),
+                                   "LSB_DJOB_HOSTFILE": str(hostfile)})
+    assert plan == HostsPlan((HostSlots("c1", 2), HostSlots("c2", 2)), 4, "LSB_DJOB_RANKFILE")
+
+
+def test_slurm_step_without_a_node_list_asks_for_the_master_address():
+    env = {k: v for k, v in SLURM_STEP.items() if k != "SLURM_JOB_NODELIST"}
+    with pytest.raises(UsageError, match="--master-addr"):
+        resolve_plan(config(), env)
+    assert resolve_plan(config("--master-addr", "h0"), env).rdzv_endpoint == "h0:18456"
+
+
+def test_pbs_job_without_a_node_file_runs_here():
+    plan = resolve_plan(config("-np", "2"), {"PBS_JOBID": "1.s"})
+    assert isinstance(plan, NodePlan)
+    assert (plan.local_only, plan.nproc, plan.source) == (True, 2, "local")
+
+
+def test_a_slurm_variable_that_is_not_a_number_is_a_usage_error_naming_it():
+    with pytest.raises(UsageError, match="SLURM_NNODES='two' is not an integer.*HINT"):
+        resolve_plan(config(), {"SLURM_JOB_ID": "7", "SLURM_NNODES": "two"})

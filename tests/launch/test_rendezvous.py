@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from ringtrain.engine.jobstore import JobStore, JobStoreServer, new_secret
+from ringtrain.engine.job_store import JobStore, JobStoreServer, new_secret
 from ringtrain.exceptions import RendezvousFailedError, RendezvousMismatchError
 from ringtrain.launch import rendezvous
 from ringtrain.launch.rendezvous import NodeView, RingtrainRendezvous, describe_mismatch

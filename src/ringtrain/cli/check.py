@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 3
@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
 
 def parse_sizes(text: str | None) -> tuple[int, ...]:
     """``"4K,1M"`` -> ``(4096, 1048576)``; a clear UsageError for anything else."""
-    from ringtrain.checks import DEFAULT_BANDWIDTH_SIZES
+    from ringtrain.check import DEFAULT_BANDWIDTH_SIZES
 
     if text is None:
         return DEFAULT_BANDWIDTH_SIZES
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ringtrain import checks
+    from ringtrain import check as checks
     from ringtrain.env import detect_environment
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
@@ -200,7 +200,7 @@ def _print_report(report: Any, total_failures: int, as_json: bool) -> None:
 
 def _host_lines(report: Any) -> list[str]:
     """Hosts, the addresses ranks are reached on, and links between hosts (rank 0's report)."""
-    from ringtrain.checks import reached_on
+    from ringtrain.check import reached_on
 
     hosts = report.hosts
     if not hosts:

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from ringtrain import __version__
-from ringtrain.cli.errors import UsageError
 from ringtrain.cli.usage import HelpfulParser
+from ringtrain.exceptions import UsageError
 
 #: Subcommand modules, in the order ``ringtrain --help`` lists them.
 COMMANDS: tuple[str, ...] = (

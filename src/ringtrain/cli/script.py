@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Any, NoReturn
 
-from ringtrain.cli.errors import UsageError
+from ringtrain.exceptions import UsageError
 from ringtrain.launch.scripts import MAIL_EVENTS, JobScript, render
 
 _SUBMIT = {"slurm": "sbatch job.sh", "pbs": "qsub job.sh", "lsf": "bsub < job.sh"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ringtrain.cli.errors import UsageError
 from ringtrain.cli.options import number as _float
 from ringtrain.cli.options import spellings
 from ringtrain.cli.options import whole_number as _int
+from ringtrain.exceptions import UsageError
 
 WORKLOAD_CHOICES = ("mnist", "fashion-mnist", "cifar10", "movielens", "synthetic", "synthetic-ratings")
 

@@ -2,7 +2,7 @@
 
 A launcher makes one secret per job (:func:`new_secret`) and hands it to the workers in their
 environment (``RINGTRAIN_JOB_SECRET``; never on a command line). The job store
-(:mod:`ringtrain.engine.jobstore`) and the control plane (:mod:`ringtrain.engine.control_plane`)
+(:mod:`ringtrain.engine.job_store`) and the control plane (:mod:`ringtrain.engine.control_plane`)
 accept a connection only once the other side has proven that it knows the secret, and each side
 proves it to the other (mutual), so a rank never talks to an impostor that took a peer's address
 either.

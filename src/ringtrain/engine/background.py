@@ -18,16 +18,17 @@ from typing import Any
 import torch
 
 from ringtrain.engine import liveness
-from ringtrain.engine.control_plane import candidate_addresses, node_identity
+from ringtrain.engine.control_plane import node_identity
 from ringtrain.engine.controller import IDLE, Controller, RoundResult
 from ringtrain.engine.executor import run_allreduce, run_single
 from ringtrain.engine.fusion import fusion_key, plan_batches
 from ringtrain.engine.groups import EngineGroups
 from ringtrain.engine.handles import HandleManager
+from ringtrain.engine.netutil import candidate_addresses
 from ringtrain.engine.requests import OpType, Request, RequestMeta, Response
 from ringtrain.engine.settings import Settings
-from ringtrain.engine.store import World
 from ringtrain.engine.timeline import Timeline
+from ringtrain.engine.world_rendezvous import World
 from ringtrain.exceptions import ControlPlaneError, HorovodInternalError
 
 log = logging.getLogger("ringtrain.engine")

@@ -22,7 +22,7 @@ the sockets ends with the heartbeats' reason. :meth:`ControlPlane.watch_links` a
 probe idle connections and give up on unacknowledged rounds (TCP keepalive and
 ``TCP_USER_TIMEOUT``), for hosts between which the heartbeats' UDP does not pass.
 
-Setup goes through the job's store (:mod:`ringtrain.engine.jobstore`, open only to the job's
+Setup goes through the job's store (:mod:`ringtrain.engine.job_store`, open only to the job's
 processes): each rank listens (on loopback when every rank runs on one host, on the interface of
 ``GLOO_SOCKET_IFNAME`` when one is named, else on every interface), publishes where, dials every
 lower rank and accepts every higher one. Every connection proves the job's secret both ways before
@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine import auth
+from ringtrain.engine.netutil import PeerClosedError, candidate_addresses, open_listener, recv_exact
 from ringtrain.exceptions import AuthenticationError, ControlPlaneError
 
 #: Upper bound on one message (bytes). The mesh agrees on a smaller limit where the kernel's socket
@@ -76,7 +77,6 @@ _HELLO_BYTES = len(_MAGIC) + auth.NONCE_BYTES + _CLAIMS.size + auth.PROOF_BYTES
 _ACCEPTED, _REFUSED = b"\x01", b"\x00"
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
-_SIOCGIFADDR = 0x8915
 
 
 def node_identity() -> str:
@@ -92,46 +92,6 @@ def node_identity() -> str:
     except OSError:
         parts.append("")
     return "/".join(parts)
-
-
-def interface_address(name: str) -> str | None:
-    """IPv4 address of network interface ``name`` (Linux), or None."""
-    try:
-        import fcntl
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except (OSError, ImportError):
-        return None
-
-
-def route_address(target: str) -> str | None:
-    """The local IPv4 address the kernel would use to reach ``target`` (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((target, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return None
-
-
-def candidate_addresses(main_address: str, interfaces: Sequence[str] = ()) -> list[str]:
-    """Where peers on other nodes may reach this process, most likely first (``interfaces``: those of
-    ``GLOO_SOCKET_IFNAME``)."""
-    found: list[str | None] = []
-    for name in interfaces:
-        found.append(interface_address(name))
-    if main_address:
-        found.append(route_address(main_address))
-    with contextlib.suppress(OSError):
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
-            found.append(str(info[4][0]))
-    out: list[str] = []
-    for address in found:
-        if address and address not in out:
-            out.append(address)
-    return out
 
 
 class ControlPlane:
@@ -183,16 +143,12 @@ class ControlPlane:
         """
         key = auth.derive_key(secret, _PURPOSE)
         host = bind_host or "0.0.0.0"
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind((host, 0))
+            listener = open_listener(host, 0, backlog=max(size, 128))
         except OSError as exc:
-            listener.close()
             raise ControlPlaneError(
                 f"rank {rank}: cannot listen on {host} for the control plane: {exc}. HINT: check "
                 "GLOO_SOCKET_IFNAME, or set RINGTRAIN_CONTROL_PLANE=gloo.") from None
-        listener.listen(max(size, 128))
         port = listener.getsockname()[1]
         me = {"node": node_identity(), "port": port, "bound": host,
               "hosts": [host] if host != "0.0.0.0" else candidate_addresses(main_address, interfaces)}
@@ -259,27 +215,21 @@ class ControlPlane:
         return self._recv_exact(sock, length, peer)
 
     def _recv_exact(self, sock: socket.socket, count: int, peer: int) -> bytearray:
-        buffer = bytearray(count)
-        view = memoryview(buffer)
-        got = 0
-        while got < count:
-            try:
-                n = sock.recv_into(view[got:], count - got)
-            except TimeoutError:
-                raise ControlPlaneError(
-                    f"{self.label(peer)} sent nothing within the round timeout "
-                    f"(RINGTRAIN_ROUND_TIMEOUT_SECONDS={self.round_timeout_s:g} s) although it did not fail "
-                    "(its heartbeats arrive and its connection is open): its engine is stuck, e.g. in a long "
-                    "collective of a process set this rank is not in. HINT: raise "
-                    "RINGTRAIN_ROUND_TIMEOUT_SECONDS if such waits are expected."
-                ) from None
-            if n == 0:
-                if self.failure is not None:
-                    raise ControlPlaneError(self.failure)
-                raise ControlPlaneError(
-                    f"{self.label(peer)} closed its control connection (it exited or failed)")
-            got += n
-        return buffer
+        try:
+            return recv_exact(sock, count)
+        except TimeoutError:
+            raise ControlPlaneError(
+                f"{self.label(peer)} sent nothing within the round timeout "
+                f"(RINGTRAIN_ROUND_TIMEOUT_SECONDS={self.round_timeout_s:g} s) although it did not fail "
+                "(its heartbeats arrive and its connection is open): its engine is stuck, e.g. in a long "
+                "collective of a process set this rank is not in. HINT: raise "
+                "RINGTRAIN_ROUND_TIMEOUT_SECONDS if such waits are expected."
+            ) from None
+        except PeerClosedError:
+            if self.failure is not None:
+                raise ControlPlaneError(self.failure) from None
+            raise ControlPlaneError(
+                f"{self.label(peer)} closed its control connection (it exited or failed)") from None
 
     def scratch(self, nbytes: int) -> torch.Tensor:
         """A reusable byte buffer for transfers over this plane (kept: a fresh one costs page faults)."""
@@ -378,23 +328,6 @@ class ControlPlane:
 def _set_user_timeout(sock: socket.socket, milliseconds: int) -> None:
     with contextlib.suppress(OSError, AttributeError):  # TCP_USER_TIMEOUT is Linux's
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, milliseconds)
-
-
-def _recv_exact(sock: socket.socket, count: int, peer: int) -> bytearray:
-    buffer = bytearray(count)
-    view = memoryview(buffer)
-    got = 0
-    while got < count:
-        try:
-            n = sock.recv_into(view[got:], count - got)
-        except TimeoutError:
-            raise ControlPlaneError(
-                f"rank {peer} sent nothing within the round timeout (RINGTRAIN_ROUND_TIMEOUT_SECONDS)"
-            ) from None
-        if n == 0:
-            raise ControlPlaneError(f"rank {peer} closed its control connection (it exited or failed)")
-        got += n
-    return buffer
 
 
 def _tune(sock: socket.socket, timeout_s: float) -> int:

@@ -10,8 +10,8 @@ starts every worker with these variables:
 A *generation* is one formation of the group. For each one the driver publishes an
 :class:`Assignment` in the job store: rank, size, local and cross rank/size and host name of every
 worker in it. ``hvd.init()`` of an elastic worker calls :func:`join` (through
-``engine.store.rendezvous``): it tells the driver that this worker has left the generation it was in
-(after a failure or a host update), waits for the next one, takes its rank and size from there (not
+``engine.world_rendezvous.rendezvous``): it tells the driver that this worker has left the generation
+it was in (after a failure or a host update), waits for the next one, takes its rank and size from there (not
 from RANK / WORLD_SIZE variables) and hands the engine a store whose keys all live under that
 generation's prefix, so a re-formed group never reads an older generation's addresses.
 
@@ -51,11 +51,11 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from ringtrain.engine import jobstore
+from ringtrain.engine import job_store
 from ringtrain.exceptions import ElasticWorkerExit, JobStoreError
 
 if TYPE_CHECKING:
-    from ringtrain.engine.store import World
+    from ringtrain.engine.world_rendezvous import World
 
 ENV_WORKER = "RINGTRAIN_ELASTIC_WORKER"
 ENV_GENERATION = "RINGTRAIN_ELASTIC_GENERATION"
@@ -158,7 +158,7 @@ class GenerationStore(dist.Store):
     :data:`POLL_SECONDS`, naming the reason.
     """
 
-    def __init__(self, base: jobstore.JobStore, generation: int, timeout_s: float) -> None:
+    def __init__(self, base: job_store.JobStore, generation: int, timeout_s: float) -> None:
         super().__init__()
         self._base = base
         self._generation = generation
@@ -224,7 +224,7 @@ class WorkerClient:
     One per process (:func:`join` makes it from the environment); tests build their own.
     """
 
-    def __init__(self, worker: str, store: jobstore.JobStore, first_generation: int) -> None:
+    def __init__(self, worker: str, store: job_store.JobStore, first_generation: int) -> None:
         self.worker = worker
         self.store = store
         self.first_generation = first_generation
@@ -242,7 +242,7 @@ class WorkerClient:
         self._thread: threading.Thread | None = None
 
     def join(self, timeout_s: float) -> World:
-        from ringtrain.engine.store import World
+        from ringtrain.engine.world_rendezvous import World
 
         if self.generation:
             # What the driver waits for before it re-forms the group: every member has left or exited.
@@ -264,7 +264,7 @@ class WorkerClient:
         os.environ.update(slot.horovod_variables())
         base = GenerationStore(self.store, assignment.generation, timeout_s)
         self._stores.append(base)
-        host, _ = jobstore.split_address(self.store.address)
+        host, _ = job_store.split_address(self.store.address)
         return World(rank=slot.rank, size=slot.size, local_rank=slot.local_rank, local_size=slot.local_size,
                      cross_rank=slot.cross_rank, cross_size=slot.cross_size, hostname=slot.hostname,
                      store=dist.PrefixStore(engine_prefix(assignment.generation), base),
@@ -342,13 +342,13 @@ _client: WorkerClient | None = None
 def _get_client(timeout_s: float) -> WorkerClient:
     global _client
     if _client is None:
-        address = jobstore.address_from_environ(os.environ)
+        address = job_store.address_from_environ(os.environ)
         if address is None:
-            raise ValueError(f"{ENV_WORKER} is set but {jobstore.ENV_ADDRESS} is not, so this elastic worker "
-                             "cannot find its driver. HINT: start elastic jobs with ringtrain run "
+            raise ValueError(f"{ENV_WORKER} is set but {job_store.ENV_ADDRESS} is not, so this elastic "
+                             "worker cannot find its driver. HINT: start elastic jobs with ringtrain run "
                              "--min-np/--max-np/--host-discovery-script, and do not set "
                              f"{ENV_WORKER} by hand.")
-        store = jobstore.JobStore(address, jobstore.secret_from_environ(os.environ), timeout=timeout_s)
+        store = job_store.JobStore(address, job_store.secret_from_environ(os.environ), timeout=timeout_s)
         try:
             first = int(os.environ.get(ENV_GENERATION, "1"))
         except ValueError:

@@ -1,8 +1,8 @@
 """The engine's groups: the gloo control group, the control plane, and every process set's data groups.
 
-All of them are built from the job's store (:mod:`ringtrain.engine.store`), in the same order on every
-rank: at ``init()`` the control group, the socket mesh and the sets known then; a set added later
-gets its groups at the same point of the agreed order everywhere.
+All of them are built from the job's store (:mod:`ringtrain.engine.world_rendezvous`), in the same
+order on every rank: at ``init()`` the control group, the socket mesh and the sets known then; a set
+added later gets its groups at the same point of the agreed order everywhere.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import torch
 
 from ringtrain.engine import control_plane, hierarchical, liveness
 from ringtrain.engine.executor import SetGroups
+from ringtrain.engine.netutil import interface_address
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.shared_arena import SharedArena
-from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
+from ringtrain.engine.world_rendezvous import World, make_gloo_group, make_nccl_group
 
 
 class EngineGroups:
@@ -129,7 +130,7 @@ class EngineGroups:
         if self.world.single_host:
             return "127.0.0.1"
         for name in self.settings.gloo_socket_ifname:
-            address = control_plane.interface_address(name)
+            address = interface_address(name)
             if address:
                 return address
         return None

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ringtrain.engine.adasum import adasum_allreduce
 from ringtrain.engine.peers import GlooPeers, NcclPeers, Peers, SocketPeers
 from ringtrain.engine.settings import Settings
-from ringtrain.engine.store import World, make_gloo_group, make_nccl_group
+from ringtrain.engine.world_rendezvous import World, make_gloo_group, make_nccl_group
 
 
 def host_key(world: World) -> int:

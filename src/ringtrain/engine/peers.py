@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ringtrain.engine import liveness
 from ringtrain.engine.control_plane import ControlPlaneError
+from ringtrain.engine.netutil import PeerClosedError, recv_into_exact
 from ringtrain.engine.socket_ring import ring_allreduce, transfer
 
 _HEADER = struct.Struct("<Q")
@@ -160,12 +161,11 @@ class SocketPeers(Peers):
 
     @staticmethod
     def _fill(sock: Any, view: memoryview, peer: int) -> None:
-        while len(view):
-            got = sock.recv_into(view)
-            if got == 0:
-                raise ControlPlaneError(f"rank {peer} closed its connection during a transfer "
-                                        "(it exited or failed)")
-            view = view[got:]
+        try:
+            recv_into_exact(sock, view)
+        except PeerClosedError:
+            raise ControlPlaneError(f"rank {peer} closed its connection during a transfer "
+                                    "(it exited or failed)") from None
 
     def allreduce(self, tensor: torch.Tensor, combine: Callable[..., torch.Tensor], op: Any) -> None:
         ring_allreduce(self.plane, self.members, tensor.reshape(-1), combine)

@@ -1,8 +1,16 @@
-"""IBM LSF with ``jsrun``: ranks from ``JSM_NAMESPACE_*``, hosts from ``LSB_DJOB_RANKFILE``.
+"""IBM LSF with ``jsrun``: ranks from ``JSM_NAMESPACE_*``, hosts from the job's host files.
 
-The rank file lists one host per slot; its first line is the launch (batch) node, which runs no
-rank, so it is skipped. The main address is the first compute host, the node rank the index of
-this host among the distinct compute hosts, the port 15000 + the last four digits of ``LSB_JOBID``.
+LSF writes two host files, each one line per slot:
+
+- ``LSB_DJOB_RANKFILE``, written for jobs whose ranks ``jsrun`` places (CSM clusters) and for
+  ``bsub -hostfile``: its first line is the launch (batch) node, which runs no rank, so it is skipped;
+- ``LSB_DJOB_HOSTFILE``, written for every parallel job: every line is an execution host, the first
+  one runs the job script.
+
+:func:`lsf_slot_hosts` reads the rank file when there is one (its layout is the one ``jsrun`` uses) and
+the host file otherwise; the launcher and the MPI environments read the same function. The main
+address is the first compute host, the node rank the index of this host among the distinct compute
+hosts, the port 15000 + the last four digits of ``LSB_JOBID``.
 """
 
 from __future__ import annotations
@@ -19,8 +27,25 @@ from ringtrain.env.base import (
 from ringtrain.env.pbs import nodefile_lines
 from ringtrain.exceptions import ClusterEnvironmentError
 
-_VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE",
+_VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "LSB_DJOB_HOSTFILE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE",
          "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def lsf_host_file(environ: Mapping[str, str]) -> str | None:
+    """The variable naming the LSF host file to read: the rank file, else the host file; None if neither."""
+    for name in ("LSB_DJOB_RANKFILE", "LSB_DJOB_HOSTFILE"):
+        if environ.get(name):
+            return name
+    return None
+
+
+def lsf_slot_hosts(environ: Mapping[str, str]) -> list[str]:
+    """One compute host per slot of the LSF job, in order (the rank file's launch node left out)."""
+    name = lsf_host_file(environ)
+    if name is None:
+        return []
+    lines = nodefile_lines(environ[name])
+    return lines[1:] if name == "LSB_DJOB_RANKFILE" else lines
 
 
 class LsfEnvironment(ClusterEnvironment):
@@ -33,12 +58,21 @@ class LsfEnvironment(ClusterEnvironment):
         """``LSB_JOBID`` with jsrun's ``JSM_NAMESPACE_RANK`` and ``JSM_NAMESPACE_SIZE``."""
         return all(name in environ for name in ("LSB_JOBID", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"))
 
+    @property
+    def host_file_variable(self) -> str | None:
+        """The variable whose file lists the job's hosts (see :func:`lsf_host_file`)."""
+        return lsf_host_file(self.environ)
+
+    def hosts(self) -> list[tuple[str, int]]:
+        """The job's compute hosts and their slots, in order of first appearance."""
+        counts: dict[str, int] = {}
+        for host in lsf_slot_hosts(self.environ):
+            counts[host] = counts.get(host, 0) + 1
+        return list(counts.items())
+
     def compute_hosts(self) -> list[str]:
-        """Distinct compute hosts of the rank file, in order (the launch node on line 1 left out)."""
-        path = self.environ.get("LSB_DJOB_RANKFILE", "")
-        if not path:
-            return []
-        return list(dict.fromkeys(nodefile_lines(path)[1:]))
+        """Distinct compute hosts of the job, in order (the rank file's launch node left out)."""
+        return [host for host, _ in self.hosts()]
 
     def world_size(self) -> int:
         return read_int(self.environ, "JSM_NAMESPACE_SIZE")
@@ -56,7 +90,7 @@ class LsfEnvironment(ClusterEnvironment):
         return max(1, -(-self.world_size() // self.num_nodes()))
 
     def node_rank_is_derived(self) -> bool:
-        return not self.environ.get("LSB_DJOB_RANKFILE")
+        return self.host_file_variable is None
 
     def num_nodes(self) -> int:
         return len(self.compute_hosts()) or 1
@@ -69,7 +103,7 @@ class LsfEnvironment(ClusterEnvironment):
         for index, host in enumerate(hosts):
             if same_host(host, me):
                 return index
-        raise ClusterEnvironmentError(f"lsf: this host {me!r} is not in LSB_DJOB_RANKFILE ({hosts}). "
+        raise ClusterEnvironmentError(f"lsf: this host {me!r} is not in {self.host_file_variable} ({hosts}). "
                                 "HINT: run inside the LSF job, or unset stale LSB_* variables.")
 
     def default_main_address(self) -> str:

@@ -83,6 +83,11 @@ class PbsEnvironment(ClusterEnvironment):
         """Started by ``pbsdsh`` (``PBS_TASKNUM`` > 1 with a ``PBS_VNODENUM``), not the job script."""
         return "PBS_VNODENUM" in self.environ and read_int(self.environ, "PBS_TASKNUM", 1) > 1
 
+    @property
+    def host_file_variable(self) -> str | None:
+        """``PBS_NODEFILE`` when the job has a node file, else None."""
+        return "PBS_NODEFILE" if self.environ.get("PBS_NODEFILE") else None
+
     def slots(self) -> list[str]:
         """One host per slot of the node file (empty without ``PBS_NODEFILE``)."""
         path = self.environ.get("PBS_NODEFILE", "")

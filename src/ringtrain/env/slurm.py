@@ -32,12 +32,15 @@ from ringtrain.env.base import (
 from ringtrain.env.hostlist import expand_nodelist, parse_tasks_per_node
 from ringtrain.exceptions import ClusterEnvironmentError
 
-__all__ = ["SlurmEnvironment", "SlurmShellEnvironment", "expand_nodelist", "parse_tasks_per_node"]
+__all__ = ["NON_SRUN_STEPS", "SlurmEnvironment", "SlurmJob", "SlurmShellEnvironment", "expand_nodelist",
+           "in_srun_step", "parse_tasks_per_node"]
 
 #: Job names of interactive allocations (salloc, srun --pty bash): their shells start ranks by hand.
 INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
-#: Step ids of the steps that are not ``srun`` (Slurm >= 20 may export them as names).
-_NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive"})
+#: Step ids of the steps that are not ``srun``: the batch script, the extern step and an interactive step,
+#: by name (Slurm >= 20) or as the 0xFFFFFFFx sentinels (batch 0xFFFFFFFE, extern 0xFFFFFFFF, ...).
+NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive", "4294967291", "4294967292", "4294967293",
+                            "4294967294", "4294967295"})
 
 _VARS = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID",
          "SLURM_NODEID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
@@ -58,12 +61,49 @@ def _is_interactive(environ: Mapping[str, str]) -> bool:
     return _is_pty(environ) or environ.get("SLURM_JOB_NAME", "") in INTERACTIVE_JOB_NAMES
 
 
-def _in_step(environ: Mapping[str, str]) -> bool:
+def in_srun_step(environ: Mapping[str, str]) -> bool:
+    """A task of an ``srun`` step (an ``srun --pty`` shell included): a step id that is not a sentinel."""
     step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
-    return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
+    return step is not None and step not in NON_SRUN_STEPS and "SLURM_PROCID" in environ
 
 
-class SlurmEnvironment(ClusterEnvironment):
+class SlurmJob:
+    """What every process of a Slurm job can read about the job, whether a step task or a shell."""
+
+    environ: Mapping[str, str]
+
+    @property
+    def job_id(self) -> str:
+        """``SLURM_JOB_ID`` (or the older ``SLURM_JOBID``); empty outside a job."""
+        return _job_id(self.environ)
+
+    @property
+    def job_nodes(self) -> int | None:
+        """``SLURM_NNODES``: the nodes of the job (of the step, inside one); None when unset."""
+        return read_int(self.environ, "SLURM_NNODES") if "SLURM_NNODES" in self.environ else None
+
+    @property
+    def in_srun_step(self) -> bool:
+        """This process is a task of an ``srun`` step (an ``srun --pty`` shell included)."""
+        return in_srun_step(self.environ)
+
+    @property
+    def max_tasks_per_node(self) -> int | None:
+        """The most tasks any node of the allocation runs; None when unset or unreadable."""
+        text = self.environ.get("SLURM_NTASKS_PER_NODE") or self.environ.get("SLURM_TASKS_PER_NODE", "")
+        try:
+            counts = parse_tasks_per_node(text) if text else []
+        except ClusterEnvironmentError:
+            return None
+        return max(counts) if counts else None
+
+    def allocation_hosts(self) -> list[str]:
+        """Every host of the allocation, in order."""
+        text = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
+        return expand_nodelist(text) if text else []
+
+
+class SlurmEnvironment(SlurmJob, ClusterEnvironment):
     """A task of an ``srun`` step (not an interactive ``srun --pty bash``)."""
 
     name = "slurm"
@@ -71,7 +111,7 @@ class SlurmEnvironment(ClusterEnvironment):
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         """In a job step started by ``srun``, and not an ``srun --pty`` shell."""
-        return bool(_job_id(environ)) and _in_step(environ) and not _is_pty(environ)
+        return bool(_job_id(environ)) and in_srun_step(environ) and not _is_pty(environ)
 
     def world_size(self) -> int:
         for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"):
@@ -111,7 +151,7 @@ class SlurmEnvironment(ClusterEnvironment):
 
     def step_hosts(self) -> list[str]:
         """The step's hosts in order (the job's when the step list is absent)."""
-        for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+        for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
             if self.environ.get(name):
                 return expand_nodelist(self.environ[name])
         return []
@@ -160,7 +200,7 @@ class SlurmEnvironment(ClusterEnvironment):
         return warnings
 
 
-class SlurmShellEnvironment(OneProcessEnvironment):
+class SlurmShellEnvironment(SlurmJob, OneProcessEnvironment):
     """The one process of a batch script, ``salloc`` shell or ``srun --pty bash`` in an allocation."""
 
     name = "slurm-shell"
@@ -184,11 +224,6 @@ class SlurmShellEnvironment(OneProcessEnvironment):
     def batch_without_srun(self) -> bool:
         """The allocation asks for several tasks but only this process runs: ``srun`` is missing."""
         return not self.interactive and self.allocated_tasks > 1
-
-    def allocation_hosts(self) -> list[str]:
-        """Every host of the allocation, in order."""
-        text = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
-        return expand_nodelist(text) if text else []
 
     def tasks_per_node(self) -> list[int]:
         """The allocation's tasks on each host, expanded from ``SLURM_TASKS_PER_NODE``."""

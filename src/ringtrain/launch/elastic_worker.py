@@ -63,13 +63,13 @@ def watch_stdin() -> threading.Thread:
 
 def announce(environ: dict[str, str] | os._Environ[str]) -> str | None:
     """Reach the job store and record that this worker started; an error message when it cannot."""
-    from ringtrain.engine import elastic_rendezvous, jobstore
+    from ringtrain.engine import elastic_rendezvous, job_store
 
-    address = jobstore.address_from_environ(environ)
+    address = job_store.address_from_environ(environ)
     worker = environ.get(elastic_rendezvous.ENV_WORKER, "")
     timeout = float(environ.get("HOROVOD_START_TIMEOUT", "30") or 30)
     try:
-        store = jobstore.JobStore(address or "", jobstore.secret_from_environ(environ),
+        store = job_store.JobStore(address or "", job_store.secret_from_environ(environ),
                                   timeout=max(timeout, 5.0))
         store.set(elastic_rendezvous.alive_key(worker), str(os.getpid()))
         store.close()

@@ -4,19 +4,22 @@ Precedence: ``--standalone`` (this node alone), then explicit torchrun node flag
 ``--rdzv-endpoint``, ``--nnodes >1``), then ``-H``/``--hostfile``, then an ``srun`` step (one task per
 node), then a Slurm batch shell (re-launch through ``srun``), then a PBS or LSF allocation (its host
 file), then this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived
-from an allocation.
+from an allocation. What the allocation says (nodes, node rank, tasks per node, hosts, whether this is
+an ``srun`` step) comes from its environment object (:func:`ringtrain.env.allocation.scheduler_job`);
+this module reads no scheduler variable itself.
 """
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ringtrain.env.base import port_from_job_id
-from ringtrain.env.pbs import hosts_from_nodefile
-from ringtrain.env.slurm import expand_nodelist, parse_tasks_per_node
+from ringtrain.engine.netutil import check_port_free, free_port
+from ringtrain.env.allocation import scheduler_job
+from ringtrain.env.lsf import LsfEnvironment
+from ringtrain.env.pbs import PbsEnvironment
+from ringtrain.env.slurm import SlurmEnvironment, SlurmShellEnvironment
 from ringtrain.exceptions import ClusterEnvironmentError, UsageError
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import HostSlots
@@ -62,26 +65,10 @@ class SrunPlan:
 
 Plan = NodePlan | HostsPlan | SrunPlan
 
-_NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive", "4294967291", "4294967292", "4294967293",
-                             "4294967294", "4294967295"})
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def check_port_free(port: int, host: str = "") -> None:
-    """Error out early, with the port in the message, when the rendezvous port is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            raise UsageError(f"master port {port} is already in use on this host. HINT: pick another "
-                             "with --master-port, or leave it out to use a free port.") from None
-
+#: ``free_port`` and ``check_port_free`` live in :mod:`ringtrain.engine.netutil`; launch/driver.py still
+#: imports them from here until its refactoring lands (then this re-export goes).
+__all__ = ["SHARED_RUN_ID", "HostsPlan", "NodePlan", "Plan", "SrunPlan", "check_port_free", "free_port",
+           "resolve_plan"]
 
 def _split_endpoint(endpoint: str, default_port: int | None) -> tuple[str, int | None]:
     host, sep, port = endpoint.rpartition(":")
@@ -102,37 +89,47 @@ def _per_node(config: LaunchConfig, nnodes: int, fallback: int, where: str) -> i
     return fallback
 
 
-def _slurm_nodelist(environ: Mapping[str, str]) -> list[str]:
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") \
-        or environ.get("SLURM_NODELIST", "")
-    return expand_nodelist(nodelist) if nodelist else []
-
-
-def _tasks_per_node(environ: Mapping[str, str]) -> int | None:
-    text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
-    try:
-        counts = parse_tasks_per_node(text) if text else []
-    except ClusterEnvironmentError:
-        return None
-    return max(counts) if counts else None
-
-
-def _in_srun_step(environ: Mapping[str, str]) -> bool:
-    # The batch script and interactive shells have step ids too (names, or the 0xFFFFFFFx sentinels).
-    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
-    return step is not None and step not in _NON_SRUN_STEPS and "SLURM_PROCID" in environ
-
-
-def _allocation_hosts(config: LaunchConfig, variable: str, environ: Mapping[str, str]) -> HostsPlan:
+def _allocation_hosts(config: LaunchConfig, job: PbsEnvironment | LsfEnvironment) -> HostsPlan:
     """The hosts of a PBS or LSF job from its host file (one line per slot); ``--nproc-per-node`` wins
     over the slot counts (a job may hold more cores per node than it runs ranks)."""
-    path = environ[variable]
+    variable = job.host_file_variable or ""
     try:
-        entries = hosts_from_nodefile(path)
+        entries = job.hosts()
     except ClusterEnvironmentError as exc:  # it names the file, the line and the fix
         raise UsageError(f"{variable}: {exc}") from None
     hosts = tuple(HostSlots(host, config.nproc_per_node or slots) for host, slots in entries)
     return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), variable)
+
+
+def _slurm_plan(config: LaunchConfig, job: SlurmEnvironment | SlurmShellEnvironment, nnodes: int,
+                environ: Mapping[str, str], run_id: str) -> Plan:
+    """Inside a Slurm job: one agent per node of an ``srun`` step, or re-launch through ``srun``."""
+    if isinstance(job, SlurmEnvironment):
+        ntasks, step_nodes = job.world_size(), job.num_nodes()
+        if ntasks != step_nodes:
+            raise UsageError(f"ringtrain run was started by srun as {ntasks} tasks on {step_nodes} "
+                             "nodes; it starts the ranks of a node itself. HINT: use srun "
+                             "--ntasks-per-node=1 ringtrain run ..., or call ringtrain run from the "
+                             "batch script without srun.")
+        per_node = _per_node(config, step_nodes, 1, "the Slurm step")
+        if step_nodes == 1:  # one node: a free local port beats a port derived from the job id
+            return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
+                            rdzv_endpoint="", run_id=run_id, local_only=True,
+                            source="slurm step (one node)")
+        hosts = job.step_hosts()
+        addr = config.master_addr or environ.get("MASTER_ADDR") or (hosts[0] if hosts else None)
+        if addr is None:
+            raise UsageError("the Slurm step lists no nodes, so node 0 is unknown. "
+                             "HINT: pass --master-addr.")
+        port = config.master_port or int(environ.get("MASTER_PORT") or job.default_main_port())
+        return NodePlan(nproc=per_node, node_rank=job.node_rank(), min_nodes=step_nodes, max_nodes=step_nodes,
+                        rdzv_backend="static", rdzv_endpoint=f"{addr}:{port}",
+                        run_id=config.rdzv_id or f"slurm-{job.job_id}", source="slurm step")
+    per_node = _per_node(config, nnodes, job.max_tasks_per_node or 1, "the Slurm allocation")
+    if nnodes > 1:
+        return SrunPlan(nnodes=nnodes, nproc_per_node=per_node)
+    return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
+                    rdzv_endpoint="", run_id=run_id, local_only=True, source="slurm (one node)")
 
 
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
@@ -169,41 +166,15 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
                         rdzv_endpoint=endpoint, run_id=shared_run_id, source="flags")
     if config.hosts:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
-    if "SLURM_JOB_ID" in environ and "SLURM_NNODES" in environ:
-        nnodes = int(environ["SLURM_NNODES"])
-        if _in_srun_step(environ):
-            ntasks = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or nnodes)
-            step_nodes = int(environ.get("SLURM_STEP_NUM_NODES") or nnodes)
-            if ntasks != step_nodes:
-                raise UsageError(f"ringtrain run was started by srun as {ntasks} tasks on {step_nodes} "
-                                 "nodes; it starts the ranks of a node itself. HINT: use srun "
-                                 "--ntasks-per-node=1 ringtrain run ..., or call ringtrain run from the "
-                                 "batch script without srun.")
-            job = environ["SLURM_JOB_ID"]
-            per_node = _per_node(config, step_nodes, 1, "the Slurm step")
-            if step_nodes == 1:  # one node: a free local port beats a port derived from the job id
-                return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
-                                rdzv_endpoint="", run_id=run_id, local_only=True,
-                                source="slurm step (one node)")
-            hosts = _slurm_nodelist(environ)
-            addr = config.master_addr or environ.get("MASTER_ADDR") or (hosts[0] if hosts else None)
-            if addr is None:
-                raise UsageError("SLURM_JOB_NODELIST is empty, so node 0 is unknown. "
-                                 "HINT: pass --master-addr.")
-            port = config.master_port or int(environ.get("MASTER_PORT") or port_from_job_id(job))
-            return NodePlan(nproc=per_node, node_rank=int(environ.get("SLURM_NODEID", "0")),
-                            min_nodes=step_nodes, max_nodes=step_nodes, rdzv_backend="static",
-                            rdzv_endpoint=f"{addr}:{port}", run_id=config.rdzv_id or f"slurm-{job}",
-                            source="slurm step")
-        per_node = _per_node(config, nnodes, _tasks_per_node(environ) or 1, "the Slurm allocation")
-        if nnodes > 1:
-            return SrunPlan(nnodes=nnodes, nproc_per_node=per_node)
-        return NodePlan(nproc=per_node, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
-                        rdzv_endpoint="", run_id=run_id, local_only=True, source="slurm (one node)")
-    if environ.get("PBS_JOBID") and environ.get("PBS_NODEFILE"):
-        return _allocation_hosts(config, "PBS_NODEFILE", environ)
-    if environ.get("LSB_JOBID") and environ.get("LSB_DJOB_HOSTFILE"):
-        return _allocation_hosts(config, "LSB_DJOB_HOSTFILE", environ)
+    job = scheduler_job(environ)
+    if isinstance(job, (SlurmEnvironment, SlurmShellEnvironment)):
+        try:
+            if job.job_nodes is not None:
+                return _slurm_plan(config, job, job.job_nodes, environ, run_id)
+        except ClusterEnvironmentError as exc:  # a variable that is not a number: it names it and the fix
+            raise UsageError(str(exc)) from None
+    elif isinstance(job, (PbsEnvironment, LsfEnvironment)) and job.host_file_variable:
+        return _allocation_hosts(config, job)
     nproc = config.num_proc or config.nproc_per_node or 1
     return NodePlan(nproc=nproc, node_rank=0, min_nodes=1, max_nodes=1, rdzv_backend="static",
                     rdzv_endpoint="", run_id=run_id, local_only=True, source="local")

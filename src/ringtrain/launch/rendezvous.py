@@ -49,7 +49,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from ringtrain.engine.jobstore import JobStore
+from ringtrain.engine.job_store import JobStore
 from ringtrain.exceptions import JobStoreError, RendezvousFailedError, RendezvousMismatchError
 
 #: The name this handler is registered under in torch's rendezvous registry.

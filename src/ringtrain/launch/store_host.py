@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import IO
 
 from ringtrain.engine import auth
-from ringtrain.engine.jobstore import JobStoreServer, split_address
+from ringtrain.engine.job_store import JobStoreServer, split_address
 from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch.hosts import is_loopback_name
 

@@ -13,7 +13,7 @@ from ringtrain.engine import elastic_rendezvous, state
 from ringtrain.engine.background import Engine
 from ringtrain.engine.requests import OpType
 from ringtrain.engine.settings import Settings
-from ringtrain.engine.store import rendezvous
+from ringtrain.engine.world_rendezvous import rendezvous
 from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.exceptions import ElasticWorkerExit, SettingError

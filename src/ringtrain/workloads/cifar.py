@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ringtrain.exceptions import DataError
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.download import download as download_file
 from ringtrain.workloads.download import write_atomic
-from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.models.resnet import resnet18_cifar
 from ringtrain.workloads.sources import DataSource, locate
 

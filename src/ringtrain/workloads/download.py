@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ringtrain.workloads.errors import DataError
+from ringtrain.exceptions import DataError
 
 _CHUNK = 1 << 16
 

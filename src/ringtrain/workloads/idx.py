@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ringtrain.workloads.errors import DataError
+from ringtrain.exceptions import DataError
 
 # MNIST uses only 0x08 (uint8); the others are in the format and cost nothing to support.
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
+from ringtrain.exceptions import DataError
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.download import download as download_file
-from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.idx import read_idx
 from ringtrain.workloads.models.mnist_cnn import HorovodMnistNet, MnistCNN
 from ringtrain.workloads.sources import DataSource, locate

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ringtrain.exceptions import DataError
 from ringtrain.workloads.base import DataPath, Defaults, Workload
 from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.download import download as download_file
 from ringtrain.workloads.download import fetch_text, write_atomic
-from ringtrain.workloads.errors import DataError
 from ringtrain.workloads.models.recommender import BiasedMF, NeuralCF
 from ringtrain.workloads.sources import DataSource, locate
 

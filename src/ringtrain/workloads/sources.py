@@ -19,7 +19,7 @@ try:
 except ImportError:  # not on Windows: downloads there are only atomic, not deduplicated
     fcntl = None  # type: ignore[assignment]
 
-from ringtrain.workloads.errors import DataError
+from ringtrain.exceptions import DataError
 
 CACHE_ENV = "RINGTRAIN_DATA"
 """Environment variable naming the cache folder."""

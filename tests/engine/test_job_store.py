@@ -1,4 +1,4 @@
-"""The job store (engine/jobstore.py): torch's Store semantics, and nobody without the secret gets in."""
+"""The job store (engine/job_store.py): torch's Store semantics, and nobody without the secret gets in."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ringtrain.engine import auth, jobstore
+from ringtrain.engine import auth, job_store
 from ringtrain.exceptions import AuthenticationError, JobStoreError, SettingError
 from tests.ranks import free_port
 
@@ -25,14 +25,14 @@ SECRET = "a" * 64
 
 
 @pytest.fixture
-def server() -> Iterator[jobstore.JobStoreServer]:
-    with jobstore.JobStoreServer(SECRET) as srv:
+def server() -> Iterator[job_store.JobStoreServer]:
+    with job_store.JobStoreServer(SECRET) as srv:
         yield srv
 
 
 @pytest.fixture
-def store(server: jobstore.JobStoreServer) -> Iterator[jobstore.JobStore]:
-    client = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+def store(server: job_store.JobStoreServer) -> Iterator[job_store.JobStore]:
+    client = job_store.JobStore(server.address, SECRET, timeout=30.0)
     yield client
     client.close()
 
@@ -102,7 +102,7 @@ def test_multi_get_multi_set_append(store):
 
 
 def test_get_and_wait_block_until_another_client_sets(server, store):
-    other = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+    other = job_store.JobStore(server.address, SECRET, timeout=30.0)
     got: dict[str, object] = {}
 
     def waiter() -> None:
@@ -139,16 +139,16 @@ def test_a_request_interrupted_by_a_signal_drops_the_connection_instead_of_readi
     """The launcher's Ctrl-C arrives as an exception raised wherever its main thread is, often waiting
     for a reply; the next request on that connection must not take the late reply for its own."""
     receiving = threading.Event()
-    real_recv = jobstore._recv_exact
+    real_recv = job_store.recv_exact
 
-    def recv_exact(sock: socket.socket, count: int) -> bytes:
+    def recv_exact(sock: socket.socket, count: int) -> bytearray:
         receiving.set()
         return real_recv(sock, count)
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise _Interrupted
 
-    monkeypatch.setattr(jobstore, "_recv_exact", recv_exact)
+    monkeypatch.setattr(job_store, "recv_exact", recv_exact)
     previous = signal.signal(signal.SIGUSR1, interrupt)
     main = threading.get_ident()
     sender = threading.Thread(target=lambda: receiving.wait(60) and signal.pthread_kill(main, signal.SIGUSR1))
@@ -162,14 +162,14 @@ def test_a_request_interrupted_by_a_signal_drops_the_connection_instead_of_readi
     # Kept open, the connection would hand the wait's timeout reply to this request.
     with pytest.raises(JobStoreError, match="connection to the job store .* is closed"):
         store.set("k", "v")
-    fresh = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+    fresh = job_store.JobStore(server.address, SECRET, timeout=30.0)
     fresh.set("k", "v")
     assert fresh.get("k") == b"v"
     fresh.close()
 
 
 def test_prefix_store_and_a_gloo_group_run_on_it(server):
-    clients = [jobstore.JobStore(server.address, SECRET, timeout=60.0) for _ in range(2)]
+    clients = [job_store.JobStore(server.address, SECRET, timeout=60.0) for _ in range(2)]
     results: dict[int, object] = {}
 
     def rank(r: int) -> None:
@@ -203,7 +203,7 @@ def test_a_client_waits_for_a_server_that_starts_later():
 
     def connect() -> None:
         try:
-            client = jobstore.JobStore(f"127.0.0.1:{port}", SECRET, timeout=60.0)
+            client = job_store.JobStore(f"127.0.0.1:{port}", SECRET, timeout=60.0)
             result["value"] = client.get("k")
             client.close()
         except BaseException as exc:  # noqa: BLE001
@@ -211,8 +211,8 @@ def test_a_client_waits_for_a_server_that_starts_later():
 
     thread = threading.Thread(target=connect)
     thread.start()
-    with jobstore.JobStoreServer(SECRET, port=port) as srv:
-        jobstore.JobStore(srv.address, SECRET, timeout=30.0).set("k", "here")
+    with job_store.JobStoreServer(SECRET, port=port) as srv:
+        job_store.JobStore(srv.address, SECRET, timeout=30.0).set("k", "here")
         thread.join(60)
     assert result == {"value": b"here"}
 
@@ -220,15 +220,15 @@ def test_a_client_waits_for_a_server_that_starts_later():
 def test_nothing_listening_is_an_error_with_the_address_and_a_hint():
     port = free_port()
     with pytest.raises(JobStoreError, match=rf"cannot reach the job store at 127\.0\.0\.1:{port}.*HINT"):
-        jobstore.JobStore(f"127.0.0.1:{port}", SECRET, timeout=0.3)
+        job_store.JobStore(f"127.0.0.1:{port}", SECRET, timeout=0.3)
 
 
 def test_the_server_binds_the_address_it_is_given():
-    with jobstore.JobStoreServer(SECRET, host="127.0.0.1") as srv:
+    with job_store.JobStoreServer(SECRET, host="127.0.0.1") as srv:
         assert srv.host == "127.0.0.1"
         assert srv.address == f"127.0.0.1:{srv.port}"
     with pytest.raises(OSError, match=r"cannot listen on 192\.0\.2\.1:0"):
-        jobstore.JobStoreServer(SECRET, host="192.0.2.1")  # TEST-NET: not an address of this host
+        job_store.JobStoreServer(SECRET, host="192.0.2.1")  # TEST-NET: not an address of this host
 
 
 def test_a_closed_server_fails_its_clients_with_a_hint(server, store):
@@ -244,7 +244,7 @@ def test_a_client_with_another_secret_is_refused_and_logged_once(server, store, 
     caplog.set_level(logging.WARNING, logger="ringtrain.security")
     for wrong in ("b" * 64, None, "b" * 64):
         with pytest.raises(AuthenticationError, match="does not hold the same secret.*HINT"):
-            jobstore.JobStore(server.address, wrong, timeout=5.0)
+            job_store.JobStore(server.address, wrong, timeout=5.0)
     lines = [r.getMessage() for r in caplog.records if r.name == "ringtrain.security"]
     assert len(lines) == 1, lines  # one line for the source host, the later refusals are counted
     assert "did not prove the job's secret" in lines[0]
@@ -255,8 +255,8 @@ def test_a_client_with_another_secret_is_refused_and_logged_once(server, store, 
 
 def test_a_server_without_the_secret_is_not_trusted():
     # A rank never talks to an impostor's store: the proof goes both ways.
-    with jobstore.JobStoreServer("c" * 64) as impostor, pytest.raises(AuthenticationError):
-        jobstore.JobStore(impostor.address, SECRET, timeout=5.0)
+    with job_store.JobStoreServer("c" * 64) as impostor, pytest.raises(AuthenticationError):
+        job_store.JobStore(impostor.address, SECRET, timeout=5.0)
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -270,15 +270,15 @@ def test_a_server_without_the_secret_is_not_trusted():
     thread = threading.Thread(target=answer_like_another_program)
     thread.start()
     with pytest.raises(AuthenticationError, match=rf"127\.0\.0\.1:{port} is not a ringtrain job store.*HINT"):
-        jobstore.JobStore(f"127.0.0.1:{port}", SECRET, timeout=5.0)
+        job_store.JobStore(f"127.0.0.1:{port}", SECRET, timeout=5.0)
     thread.join(30)
     listener.close()
 
 
 def _request(op: int, *items: bytes) -> bytes:
     """A request frame as a client would send it, tagged with a key the outsider does not have."""
-    body = bytes([op]) + jobstore._pack_items(list(items))
-    return jobstore._LENGTH.pack(len(body)) + body + b"\x00" * jobstore._TAG_BYTES
+    body = bytes([op]) + job_store._pack_items(list(items))
+    return job_store._LENGTH.pack(len(body)) + body + b"\x00" * job_store._TAG_BYTES
 
 
 def test_an_outsider_can_neither_read_nor_write(server, store):
@@ -286,10 +286,10 @@ def test_an_outsider_can_neither_read_nor_write(server, store):
     # (each attempt below is closed at once: none of them starts with the client's greeting)
     attempts = [
         # no handshake at all: a request straight away
-        _request(jobstore._SET, b"ctrl/addr/0", b"evil:1"),
+        _request(job_store._SET, b"ctrl/addr/0", b"evil:1"),
         # the greeting with a made-up proof, then requests
-        jobstore._MAGIC + os.urandom(64) + _request(jobstore._SET, b"ctrl/addr/0", b"evil:1")
-        + _request(jobstore._GET, b"ctrl/addr/0", b"1000"),
+        job_store._MAGIC + os.urandom(64) + _request(job_store._SET, b"ctrl/addr/0", b"evil:1")
+        + _request(job_store._GET, b"ctrl/addr/0", b"1000"),
         # torch's TCPStore protocol (validate, then a SET of the same key)
         b"\x00" + struct.pack("<I", 0x3C85F7CE) + b"\x01" + struct.pack("<Q", 11) + b"ctrl/addr/0",
     ]
@@ -301,7 +301,7 @@ def test_an_outsider_can_neither_read_nor_write(server, store):
             while chunk := outsider.recv(4096):
                 received += chunk
             # All an outsider ever gets: the greeting (magic + a nonce) and perhaps the refusal byte.
-            assert len(received) <= len(jobstore._MAGIC) + auth.NONCE_BYTES + 1
+            assert len(received) <= len(job_store._MAGIC) + auth.NONCE_BYTES + 1
             assert b"10.0.0.1" not in received
     assert store.get("ctrl/addr/0") == b"10.0.0.1:1234"
     assert server.refused == len(attempts)
@@ -345,12 +345,12 @@ class _Relay:
 
 def test_a_recorded_handshake_and_requests_cannot_be_replayed(server, store):
     relay = _Relay(server.port)
-    victim = jobstore.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
+    victim = job_store.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
     assert victim.add("counter", 1) == 1
     victim.close()
     relay.thread.join(30)
     recorded = b"".join(relay.from_client)
-    assert len(recorded) > len(jobstore._MAGIC) + auth.NONCE_BYTES + auth.PROOF_BYTES
+    assert len(recorded) > len(job_store._MAGIC) + auth.NONCE_BYTES + auth.PROOF_BYTES
     with socket.create_connection(("127.0.0.1", server.port)) as replay:
         replay.sendall(recorded)
         assert _wait_closed(replay)
@@ -366,7 +366,7 @@ def test_a_relay_cannot_change_requests_after_the_handshake(server, store, caplo
         return data.replace(b"10.0.0.1", b"66.6.6.6")
 
     relay = _Relay(server.port, flip_after_handshake)
-    victim = jobstore.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
+    victim = job_store.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
     with pytest.raises(JobStoreError, match="lost the connection"):
         victim.set("ctrl/addr/0", "10.0.0.1:1234")
     assert not store.check(["ctrl/addr/0"])
@@ -376,9 +376,9 @@ def test_a_relay_cannot_change_requests_after_the_handshake(server, store, caplo
 def test_garbage_is_closed_logged_in_one_line_and_the_store_goes_on(caplog):
     caplog.set_level(logging.WARNING, logger="ringtrain.security")
     # A short deadline: a payload shorter than the greeting waits for it like an idle connection.
-    with jobstore.JobStoreServer(SECRET, handshake_timeout=0.5) as srv:
-        store = jobstore.JobStore(srv.address, SECRET, timeout=30.0)
-        payloads = [b"GET / HTTP/1.0\r\n\r\n", os.urandom(512), b"\x00", jobstore._MAGIC + b"\xff" * 200]
+    with job_store.JobStoreServer(SECRET, handshake_timeout=0.5) as srv:
+        store = job_store.JobStore(srv.address, SECRET, timeout=30.0)
+        payloads = [b"GET / HTTP/1.0\r\n\r\n", os.urandom(512), b"\x00", job_store._MAGIC + b"\xff" * 200]
         for payload in payloads:
             with socket.create_connection(("127.0.0.1", srv.port)) as outsider:
                 outsider.sendall(payload)
@@ -398,7 +398,7 @@ def test_idle_connections_do_not_hold_up_the_job(server, store):
     try:
         # A rank connects and works while all 50 are still open: its handshake did not queue behind
         # theirs (the server's deadline for them is 10 s; nothing here waits for it).
-        late = jobstore.JobStore(server.address, SECRET, timeout=30.0)
+        late = job_store.JobStore(server.address, SECRET, timeout=30.0)
         late.set("k", "v")
         assert store.get("k") == b"v"
         assert all(_still_open(sock) for sock in idle)
@@ -409,10 +409,10 @@ def test_idle_connections_do_not_hold_up_the_job(server, store):
 
 
 def test_handshakes_are_bounded_and_have_a_deadline():
-    with jobstore.JobStoreServer(SECRET, max_handshakes=8, handshake_timeout=60.0) as srv:
+    with job_store.JobStoreServer(SECRET, max_handshakes=8, handshake_timeout=60.0) as srv:
         idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
         try:
-            client = jobstore.JobStore(srv.address, SECRET, timeout=30.0)
+            client = job_store.JobStore(srv.address, SECRET, timeout=30.0)
             client.set("k", "v")
             # Beyond the bound the oldest unproven connections were closed to make room.
             assert _wait_closed(idle[0])
@@ -421,7 +421,7 @@ def test_handshakes_are_bounded_and_have_a_deadline():
         finally:
             for sock in idle:
                 sock.close()
-    with jobstore.JobStoreServer(SECRET, handshake_timeout=0.2) as srv:
+    with job_store.JobStoreServer(SECRET, handshake_timeout=0.2) as srv:
         with socket.create_connection(("127.0.0.1", srv.port)) as silent:
             assert _wait_closed(silent)
         assert srv.refused == 1
@@ -429,26 +429,26 @@ def test_handshakes_are_bounded_and_have_a_deadline():
 
 # ------------------------------------------------------------------------------------ the secret
 def test_secret_from_the_environment():
-    assert jobstore.secret_from_environ({}) is None
-    assert jobstore.secret_from_environ({"RINGTRAIN_JOB_SECRET": "  "}) is None
-    assert jobstore.secret_from_environ({"RINGTRAIN_JOB_SECRET": f" {SECRET}\n"}) == SECRET
+    assert job_store.secret_from_environ({}) is None
+    assert job_store.secret_from_environ({"RINGTRAIN_JOB_SECRET": "  "}) is None
+    assert job_store.secret_from_environ({"RINGTRAIN_JOB_SECRET": f" {SECRET}\n"}) == SECRET
     with pytest.raises(SettingError, match=r"RINGTRAIN_JOB_SECRET holds 6 characters.*HINT: export"):
-        jobstore.secret_from_environ({"RINGTRAIN_JOB_SECRET": "123456"})
-    fresh = jobstore.new_secret()
+        job_store.secret_from_environ({"RINGTRAIN_JOB_SECRET": "123456"})
+    fresh = job_store.new_secret()
     assert len(fresh) == 64
-    assert fresh != jobstore.new_secret()
+    assert fresh != job_store.new_secret()
     int(fresh, 16)
 
 
 def test_addresses():
-    assert jobstore.split_address("10.1.2.3:29400") == ("10.1.2.3", 29400)
-    assert jobstore.split_address("[::1]:80") == ("::1", 80)
-    assert jobstore.join_address("::1", 80) == "[::1]:80"
-    assert jobstore.address_from_environ({"RINGTRAIN_JOB_STORE": "h:1"}) == "h:1"
-    assert jobstore.address_from_environ({}) is None
+    assert job_store.split_address("10.1.2.3:29400") == ("10.1.2.3", 29400)
+    assert job_store.split_address("[::1]:80") == ("::1", 80)
+    assert job_store.join_address("::1", 80) == "[::1]:80"
+    assert job_store.address_from_environ({"RINGTRAIN_JOB_STORE": "h:1"}) == "h:1"
+    assert job_store.address_from_environ({}) is None
     for bad in ("nohost", "h:", ":12", "h:99999", "h:x"):
         with pytest.raises(ValueError, match="is not HOST:PORT.*HINT"):
-            jobstore.split_address(bad)
+            job_store.split_address(bad)
 
 
 def test_a_relay_cannot_replay_a_request_inside_the_connection(server, store, caplog):
@@ -458,7 +458,7 @@ def test_a_relay_cannot_replay_a_request_inside_the_connection(server, store, ca
         return data + data if index == 1 else data
 
     relay = _Relay(server.port, repeat_first_request)
-    victim = jobstore.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
+    victim = job_store.JobStore(f"127.0.0.1:{relay.port}", SECRET, timeout=30.0)
     assert victim.add("counter", 1) == 1
     with pytest.raises(JobStoreError, match="lost the connection"):
         victim.add("counter", 1)  # the server closed the connection at the repeated copy

@@ -1,4 +1,4 @@
-"""Rendezvous and the engine's own process groups (engine/store.py), in one process and in two."""
+"""Rendezvous and the engine's own process groups (engine/world_rendezvous.py), in one process and in two."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ringtrain.engine import store
+from ringtrain.engine import world_rendezvous
 from ringtrain.env.single import SingleProcessEnvironment
 from ringtrain.env.torchrun import EnvVarsEnvironment
 from ringtrain.exceptions import AuthenticationError
@@ -22,11 +22,11 @@ from tests.ranks import free_port, run_ranks
 def alone(monkeypatch):
     """This process as a world of one, whatever the test runner's environment holds."""
     assert not (dist.is_available() and dist.is_initialized()), "a default process group leaked"
-    monkeypatch.setattr(store, "detect_environment", lambda: SingleProcessEnvironment({}))
+    monkeypatch.setattr(world_rendezvous, "detect_environment", lambda: SingleProcessEnvironment({}))
 
 
 def test_a_single_process_needs_no_network(alone):
-    world = store.rendezvous(timeout_s=5.0)
+    world = world_rendezvous.rendezvous(timeout_s=5.0)
     assert (world.rank, world.size, world.local_rank, world.local_size) == (0, 1, 0, 1)
     assert (world.cross_rank, world.cross_size) == (0, 1)
     assert not world.reused_torch_world
@@ -35,9 +35,9 @@ def test_a_single_process_needs_no_network(alone):
 
 
 def test_each_rendezvous_is_a_new_generation_on_the_same_base_store(alone):
-    first = store.rendezvous(timeout_s=5.0)
+    first = world_rendezvous.rendezvous(timeout_s=5.0)
     first.store.set("seen", "1")
-    second = store.rendezvous(timeout_s=5.0)
+    second = world_rendezvous.rendezvous(timeout_s=5.0)
     # A key of an earlier generation is invisible to the next one: nothing of a dead attempt is read.
     with pytest.raises(dist.DistStoreError):
         second.store.wait(["seen"], datetime.timedelta(milliseconds=50))
@@ -45,23 +45,23 @@ def test_each_rendezvous_is_a_new_generation_on_the_same_base_store(alone):
 
 
 def test_gloo_group_of_one_and_nonmembers(alone):
-    world = store.rendezvous(timeout_s=5.0)
-    group = store.make_gloo_group(world, "unit", [0], timeout_s=5.0)
+    world = world_rendezvous.rendezvous(timeout_s=5.0)
+    group = world_rendezvous.make_gloo_group(world, "unit", [0], timeout_s=5.0)
     tensor = torch.ones(3)
     group.allreduce([tensor]).wait()
     assert tensor.tolist() == [1.0, 1.0, 1.0]
-    assert store.make_gloo_group(world, "unit-other", [1, 2], timeout_s=5.0) is None
-    assert store.make_nccl_group(world, "unit-other", [1], timeout_s=5.0) is None
+    assert world_rendezvous.make_gloo_group(world, "unit-other", [1, 2], timeout_s=5.0) is None
+    assert world_rendezvous.make_nccl_group(world, "unit-other", [1], timeout_s=5.0) is None
 
 
 def test_an_unreachable_store_names_address_rank_and_fix(monkeypatch):
     port = free_port()  # nothing listens there
     environ = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    monkeypatch.setattr(store, "detect_environment", lambda: EnvVarsEnvironment(environ))
+    monkeypatch.setattr(world_rendezvous, "detect_environment", lambda: EnvVarsEnvironment(environ))
     with pytest.raises(ValueError, match=rf"cannot reach the rendezvous store at 127\.0\.0\.1:{port} "
                                          r"\(rank 1 of 2\).*HINT: check MASTER_ADDR/MASTER_PORT"):
-        store.rendezvous(timeout_s=1.0)
+        world_rendezvous.rendezvous(timeout_s=1.0)
 
 
 def test_under_torchrun_rank_zero_does_not_host_the_store(monkeypatch):
@@ -69,17 +69,17 @@ def test_under_torchrun_rank_zero_does_not_host_the_store(monkeypatch):
     port = free_port()
     environ = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    monkeypatch.setattr(store, "detect_environment", lambda: EnvVarsEnvironment(environ))
+    monkeypatch.setattr(world_rendezvous, "detect_environment", lambda: EnvVarsEnvironment(environ))
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     with pytest.raises(ValueError, match=r"cannot reach the rendezvous store .*\(rank 0 of 2\)"):
-        store.rendezvous(timeout_s=1.0)
+        world_rendezvous.rendezvous(timeout_s=1.0)
 
 
 def _two_rank_rendezvous() -> dict:
-    world = store.rendezvous(timeout_s=30.0)
+    world = world_rendezvous.rendezvous(timeout_s=30.0)
     world.store.set(f"from{world.rank}", str(world.rank))
     other = world.store.get(f"from{1 - world.rank}").decode()
-    group = store.make_gloo_group(world, "pair", [0, 1], timeout_s=30.0)
+    group = world_rendezvous.make_gloo_group(world, "pair", [0, 1], timeout_s=30.0)
     tensor = torch.tensor([float(world.rank + 1)])
     group.allreduce([tensor]).wait()
     return {"rank": world.rank, "size": world.size, "local_size": world.local_size, "other": other,
@@ -103,15 +103,15 @@ def _where_is_the_store(master_port: int | None = None) -> dict:
 
     if master_port is not None:  # (the rank fixture gives every call a fresh MASTER_PORT otherwise)
         os.environ["MASTER_PORT"] = str(master_port)
-    world = store.rendezvous(timeout_s=30.0)
+    world = world_rendezvous.rendezvous(timeout_s=30.0)
     world.store.set(f"k{world.rank}", "x")
     world.store.wait([f"k{1 - world.rank}"])
-    group = store.make_gloo_group(world, "pair", [0, 1], timeout_s=30.0)
+    group = world_rendezvous.make_gloo_group(world, "pair", [0, 1], timeout_s=30.0)
     tensor = torch.tensor([1.0])
     group.allreduce([tensor]).wait()
-    base = [s for key, s in store._BASE_STORES.items() if key[0] != ""][-1]
+    base = [s for key, s in world_rendezvous._BASE_STORES.items() if key[0] != ""][-1]
     return {"base": type(base).__name__, "address": getattr(base, "address", ""),
-            "servers": [s.address for s in store._SERVERS.values()], "scope": world.scope,
+            "servers": [s.address for s in world_rendezvous._SERVERS.values()], "scope": world.scope,
             "secret": world.secret is not None, "warned": auth._warned, "sum": tensor.item()}
 
 
@@ -148,31 +148,31 @@ def test_the_unauthenticated_warning_is_one_line_with_the_fix(capsys, monkeypatc
 
 
 def test_ranks_use_the_launchers_job_store(tmp_path):
-    from ringtrain.engine import jobstore
+    from ringtrain.engine import job_store
 
-    secret = jobstore.new_secret()
-    with jobstore.JobStoreServer(secret) as server:
+    secret = job_store.new_secret()
+    with job_store.JobStoreServer(secret) as server:
         env = {"RINGTRAIN_JOB_STORE": server.address, "RINGTRAIN_JOB_SECRET": secret,
                "TORCHELASTIC_RUN_ID": "run7", "TORCHELASTIC_RESTART_COUNT": "2"}
         results = run_ranks(2, _where_is_the_store, env=env)
         assert [r["address"] for r in results] == [server.address] * 2
         assert [r["servers"] for r in results] == [[], []]  # nobody but the launcher hosts it
         assert results[0]["scope"] == "ringtrain/run7/attempt2/gen1"
-        client = jobstore.JobStore(server.address, secret, timeout=10.0)
+        client = job_store.JobStore(server.address, secret, timeout=10.0)
         assert client.get("ringtrain/run7/attempt2/gen1/k0") == b"x"
 
 
 def _dead_attempt_keys_are_invisible() -> bool:
-    world = store.rendezvous(timeout_s=30.0)
+    world = world_rendezvous.rendezvous(timeout_s=30.0)
     # attempt 0 left its keys; attempt 1 must not see them
     return world.store.check(["k0"]) or world.store.check(["k1"])
 
 
 def test_a_restarted_attempt_never_reads_the_keys_of_a_dead_one():
-    from ringtrain.engine import jobstore
+    from ringtrain.engine import job_store
 
-    secret = jobstore.new_secret()
-    with jobstore.JobStoreServer(secret) as server:
+    secret = job_store.new_secret()
+    with job_store.JobStoreServer(secret) as server:
         env = {"RINGTRAIN_JOB_STORE": server.address, "RINGTRAIN_JOB_SECRET": secret,
                "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "0"}
         run_ranks(2, _where_is_the_store, env=env)
@@ -235,11 +235,11 @@ def _hijacked_pair(secret: str | None) -> dict[int, object]:
     results: dict[int, object] = {}
 
     def rank(r: int) -> None:
-        world = store.World(rank=r, size=2, local_rank=r, local_size=2, cross_rank=0, cross_size=1,
+        world = world_rendezvous.World(rank=r, size=2, local_rank=r, local_size=2, cross_rank=0, cross_size=1,
                             hostname="h", store=held, reused_torch_world=False, secret=secret,
                             scope="test")
         try:
-            results[r] = store.make_gloo_group(world, "g", [0, 1], timeout_s=5.0)
+            results[r] = world_rendezvous.make_gloo_group(world, "g", [0, 1], timeout_s=5.0)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             results[r] = exc
 
@@ -288,11 +288,11 @@ def test_members_with_another_secret_fail_the_gloo_check():
     results: dict[int, object] = {}
 
     def rank(r: int) -> None:
-        world = store.World(rank=r, size=2, local_rank=r, local_size=2, cross_rank=0, cross_size=1,
+        world = world_rendezvous.World(rank=r, size=2, local_rank=r, local_size=2, cross_rank=0, cross_size=1,
                             hostname="h", store=hashed, reused_torch_world=False,
                             secret=("a" if r == 0 else "b") * 64, scope="test")
         try:
-            results[r] = store.make_gloo_group(world, "g", [0, 1], timeout_s=30.0)
+            results[r] = world_rendezvous.make_gloo_group(world, "g", [0, 1], timeout_s=30.0)
         except BaseException as exc:  # noqa: BLE001
             results[r] = exc
 

@@ -1,10 +1,10 @@
-"""Rendezvous: who am I, the key-value store all ranks share, and the gloo/NCCL groups built on it.
+"""The world rendezvous: who am I, the key-value store all ranks share, and the gloo/NCCL groups built on it.
 
 The engine builds its own process groups straight from a store instead of going through
 ``torch.distributed``'s global default group, so that ``shutdown()`` + ``init()`` can repeat in one
 process and a user's own ``init_process_group`` is left alone.
 
-The store is the job store (:mod:`ringtrain.engine.jobstore`): only processes that hold the job's
+The store is the job store (:mod:`ringtrain.engine.job_store`): only processes that hold the job's
 secret (``RINGTRAIN_JOB_SECRET``) can read or write it. Where it lives:
 
 - ``ringtrain run`` hosts it (node 0's agent, where the nodes' agents meet too) and tells the workers
@@ -39,15 +39,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ringtrain.engine import auth, jobstore
-from ringtrain.engine.control_plane import candidate_addresses, interface_address
+from ringtrain.engine import auth, job_store
+from ringtrain.engine.netutil import candidate_addresses, interface_address
 from ringtrain.env import detect_environment
 from ringtrain.exceptions import AuthenticationError
 
 #: Base stores kept alive across generations (C++ users hold them without keeping them alive).
 _BASE_STORES: dict[tuple[object, ...], dist.Store] = {}
 #: Job store servers this process hosts (rank 0 of a job started without ringtrain's launcher).
-_SERVERS: dict[tuple[object, ...], jobstore.JobStoreServer] = {}
+_SERVERS: dict[tuple[object, ...], job_store.JobStoreServer] = {}
 _generation = 0
 _GLOO_CHECK_BYTES = 16
 
@@ -92,7 +92,7 @@ def launch_facts() -> dict[str, str]:
 
 
 def rendezvous(timeout_s: float, interfaces: Sequence[str] = (),
-               handshake_timeout_s: float = jobstore.HANDSHAKE_TIMEOUT) -> World:
+               handshake_timeout_s: float = job_store.HANDSHAKE_TIMEOUT) -> World:
     """Find rank and size, connect to (or host) the job store, and start a new generation.
 
     ``timeout_s`` bounds the wait for the store (``HOROVOD_GLOO_TIMEOUT_SECONDS``); ``interfaces``
@@ -177,7 +177,7 @@ def _base_store(where: _Where, rank: int, size: int, timeout: datetime.timedelta
         if key not in _BASE_STORES:
             _BASE_STORES[key] = dist.HashStore()
         return _BASE_STORES[key]
-    launcher_store = jobstore.address_from_environ(facts)
+    launcher_store = job_store.address_from_environ(facts)
     if launcher_store is not None:
         # ringtrain run hosts the job store; the workers only connect.
         key = ("launcher", launcher_store)
@@ -193,7 +193,7 @@ def _base_store(where: _Where, rank: int, size: int, timeout: datetime.timedelta
     if key not in _BASE_STORES:
         if rank == 0:
             _SERVERS[key] = _host_server(secret, _bind_address(where, fixed=True), where.port, where)
-        _BASE_STORES[key] = _connect(jobstore.join_address(where.address, where.port), secret, timeout, rank,
+        _BASE_STORES[key] = _connect(job_store.join_address(where.address, where.port), secret, timeout, rank,
                                      size)
     return _BASE_STORES[key]
 
@@ -223,15 +223,15 @@ def _published_store(where: _Where, rank: int, size: int, timeout: datetime.time
             server = _host_server(secret, host, 0, where)
             _SERVERS[key] = server
             advertised = host if host not in ("0.0.0.0", "::") else _advertised_address(where)
-            bootstrap.set(published, jobstore.join_address(advertised, server.port))
+            bootstrap.set(published, job_store.join_address(advertised, server.port))
         bootstrap.wait([published], timeout)
         _BASE_STORES[key] = _connect(bootstrap.get(published).decode(), secret, timeout, rank, size)
     return _BASE_STORES[key]
 
 
-def _host_server(secret: str | None, host: str, port: int, where: _Where) -> jobstore.JobStoreServer:
+def _host_server(secret: str | None, host: str, port: int, where: _Where) -> job_store.JobStoreServer:
     try:
-        return jobstore.JobStoreServer(secret, host=host, port=port,
+        return job_store.JobStoreServer(secret, host=host, port=port,
                                        handshake_timeout=where.handshake_timeout_s)
     except OSError as exc:
         raise ValueError(
@@ -242,7 +242,7 @@ def _host_server(secret: str | None, host: str, port: int, where: _Where) -> job
 
 def _connect(where: str, secret: str | None, timeout: datetime.timedelta, rank: int, size: int) -> dist.Store:
     try:
-        return jobstore.JobStore(where, secret, timeout)
+        return job_store.JobStore(where, secret, timeout)
     except AuthenticationError:
         raise
     except (OSError, ValueError) as exc:
