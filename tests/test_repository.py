@@ -285,3 +285,18 @@ def test_the_license_file_matches_pyproject() -> None:
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in license_text
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] in ({"text": "Apache-2.0"}, "Apache-2.0")
+
+
+@pytest.mark.slow
+def test_the_quick_start_prints_the_accuracy_the_readme_quotes(tmp_path: Path) -> None:
+    train, _ = _quick_start()
+    words = shlex.split(_steps(train)[-1])
+    assert words[0] == "ringtrain"
+    # a fresh machine: no data in the cache, so the embedded MNIST; nothing of this machine's launchers
+    env = {**os.environ, "RINGTRAIN_DATA": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "ringtrain", *words[1:], "--no-progress"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    done = re.search(r"done: 4 epoch\(s\) in [\d.]+s, test accuracy (\d+\.\d+)%", result.stdout)
+    assert done, result.stdout
+    assert f"test accuracy {done[1]}%" in _readme(), f"the quick start printed {done[1]} %"
