@@ -8,7 +8,9 @@ shard the data with ``DistributedSampler``, average the metrics with ``hvd.allre
 checkpoints and TensorBoard logs from rank 0 only.
 
 Data: the python version of CIFAR-10 (``cifar-10-batches-py/data_batch_1..5`` and ``test_batch``)
-under ``--data-dir``. Run on two local processes:
+under ``--data-dir``, or in ringtrain's cache (``--download`` fetches it there). Without either, the
+script says so and trains on synthetic CIFAR-shaped images (3x32x32, 10 classes), so it runs from a
+fresh clone. Run on two local processes:
 
     ringtrain run -np 2 python examples/horovod_cifar10_resnet.py --data-dir ~/data --epochs 2
 
@@ -20,16 +22,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 import ringtrain as hvd
 from ringtrain.workloads import get_workload
+from ringtrain.workloads.errors import DataError
 
 try:  # TensorBoard is optional: without it the script trains and just logs nothing.
     from torch.utils.tensorboard import SummaryWriter
@@ -39,7 +43,9 @@ except ImportError:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="CIFAR-10 ResNet-18 with the Horovod API of ringtrain")
-    parser.add_argument("--data-dir", default=".", help="folder holding cifar-10-batches-py/")
+    parser.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py/ (default: "
+                        "ringtrain's cache, else synthetic CIFAR-shaped images)")
+    parser.add_argument("--download", action="store_true", help="fetch CIFAR-10 into ringtrain's cache")
     parser.add_argument("--subset", type=int, default=None, help="train on this many images only")
     parser.add_argument("--log-dir", default="./logs", help="TensorBoard log folder")
     parser.add_argument("--checkpoint-format", default="./checkpoint-{epoch}.pth.tar",
@@ -82,6 +88,21 @@ class Metric:
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return output.argmax(dim=1).eq(target).float().mean()
+
+
+def images(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
+    """CIFAR-10 from --data-dir or the cache; synthetic CIFAR-shaped images when neither was asked for
+    nor found (a fresh clone)."""
+    try:
+        return get_workload("cifar10").datasets(data_dir=args.data_dir, download=args.download,
+                                                subset=args.subset)
+    except DataError as exc:
+        if args.data_dir is not None or args.download:  # asked for and missing: say which, no traceback
+            sys.exit(f"error: {exc}")
+    if hvd.rank() == 0:
+        print("no CIFAR-10 in ringtrain's cache: training on synthetic CIFAR-shaped images instead. HINT: "
+              "--data-dir DIR (holding cifar-10-batches-py/) or --download for the real ones", flush=True)
+    return get_workload("synthetic", like="cifar10").datasets(subset=args.subset, seed=args.seed)
 
 
 def adjust_learning_rate(args: argparse.Namespace, optimizer: torch.optim.Optimizer, epoch: int,
@@ -184,7 +205,7 @@ def main() -> None:
                                       name="resume_from_epoch").item()
 
     workload = get_workload("cifar10")
-    train_set, val_set = workload.datasets(data_dir=args.data_dir, subset=args.subset)
+    train_set, val_set = images(args)
     # Each loader batch feeds batches_per_allreduce sub-batches (see train()).
     train_sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())
     train_loader = DataLoader(train_set, batch_size=args.batch_size * args.batches_per_allreduce,

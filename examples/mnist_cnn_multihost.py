@@ -1,12 +1,14 @@
 """Train Horovod's MNIST CNN across hosts: the script a multi-node ``ringtrain run`` starts.
 
     ringtrain run -np 2 -H hostA:1,hostB:1 -i ~/.ssh/id_ed25519 \\
-        python examples/mnist_cnn_multihost.py --data-dir ../shared/data/mnist --train-samples 2048
+        python examples/mnist_cnn_multihost.py --train-samples 2048
 
-Each rank trains on its own shard of the first ``--train-samples`` images (real MNIST, read from the
-IDX files), gradients are averaged by ``hvd.DistributedOptimizer``, and the test accuracy is averaged
-over all ranks at the end. Every rank first prints where it runs, so a launcher's host mapping can
-be seen; rank 0 prints the loss every ``--log-every`` steps and a final summary line.
+(``-np 2`` alone runs both ranks on this machine.) Each rank trains on its own shard of the first
+``--train-samples`` images of real MNIST: the IDX files in ``--data-dir`` when given, else ringtrain's
+cache, else the 10,000/2,000-image subset embedded in ringtrain. Gradients are averaged by
+``hvd.DistributedOptimizer``, and the test accuracy is averaged over all ranks at the end. Every rank
+first prints where it runs, so a launcher's host mapping can be seen; rank 0 prints the loss every
+``--log-every`` steps and a final summary line.
 """
 
 from __future__ import annotations
@@ -20,16 +22,16 @@ import torch
 import torch.nn.functional as F
 
 import ringtrain as hvd
+from ringtrain.workloads import get_workload
 from ringtrain.workloads.idx import read_idx
 from ringtrain.workloads.models.mnist_cnn import HorovodMnistNet
-
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
-                        help="folder with the four MNIST *-idx?-ubyte.gz files")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder with the four MNIST *-idx?-ubyte.gz files (default: ringtrain's cache, "
+                             "else the MNIST subset embedded in ringtrain)")
     parser.add_argument("--train-samples", type=int, default=2048, help="first N training images used")
     parser.add_argument("--test-samples", type=int, default=1000, help="first N test images evaluated")
     parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
@@ -40,12 +42,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load(data_dir: Path, split: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def load(data_dir: Path | None, split: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``count`` images of a split, scaled and normalised as in the Horovod example."""
+    if data_dir is None:  # ringtrain's cache, else its embedded subset: a fresh clone needs no download
+        train, test = get_workload("mnist").datasets()  # normalised alike (mean 0.1307, sd 0.3081)
+        chosen = train if split == "train" else test
+        return chosen.features[:count], chosen.targets[:count].long()
     prefix = "train" if split == "train" else "t10k"
     images_file = data_dir / f"{prefix}-images-idx3-ubyte.gz"
     if not images_file.exists():
-        sys.exit(f"error: {images_file} not found. HINT: pass --data-dir <folder with the MNIST IDX files>")
+        sys.exit(f"error: {images_file} not found. HINT: pass --data-dir <folder with the MNIST IDX files>, "
+                 "or leave it out to use the MNIST subset embedded in ringtrain")
     images = read_idx(images_file, expect_ndim=3)[:count].float().div(255).sub(0.1307).div(0.3081)
     labels = read_idx(data_dir / f"{prefix}-labels-idx1-ubyte.gz", expect_ndim=1)[:count].long()
     return images.unsqueeze(1), labels

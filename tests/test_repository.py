@@ -2,11 +2,15 @@
 nothing loaded or unpickled where a stranger could have written it."""
 
 import ast
+import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,3 +173,130 @@ def test_torch_load_is_weights_only_and_unpickling_stays_where_it_is_safe() -> N
                 unpicklers[name] = unpicklers.get(name, 0) + 1
     assert unsafe_loads == [], "torch.load must pass weights_only=True"
     assert unpicklers == UNPICKLERS, "a new unpickling site: say in UNPICKLERS why its bytes are trusted"
+
+
+# --- the README a newcomer follows -----------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def _readme() -> str:
+    return README.read_text()
+
+
+def _inline_commands(text: str, program: str) -> list[str]:
+    """Every command that starts with ``program`` in a code span or a fenced block of ``text``."""
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    lines = [c for command in _fenced_commands(text) for c in command.split("&&")]
+    return [c.strip() for c in spans + lines if c.strip().startswith(program + " ")]
+
+
+def test_the_readme_is_short_and_says_where_gpus_stand() -> None:
+    text = _readme()
+    assert len(text.splitlines()) <= 120, "the README is the first page a newcomer reads: at most ~120 lines"
+    assert "no line of ringtrain has run on a gpu yet" in text.lower()
+    assert "(docs/gpu.md)" in text
+    # a code sample of 10-15 lines comes before the quick start
+    sample = re.search(r"```python\n(.*?)```", text, flags=re.S)
+    assert sample
+    assert text.index(sample[0]) < text.index("## Quick start")
+    assert 10 <= len(sample[1].splitlines()) <= 16
+    for section in ("## Quick start", "## Your first hour", "| You have | Do |", "## Performance"):
+        assert section in text, f"the README lost its {section!r}"
+    assert "## Layout" not in text, "the layout is contributor material: docs/architecture.md"
+
+
+def test_the_readme_code_sample_runs() -> None:
+    sample = re.search(r"```python\n(.*?)```", _readme(), flags=re.S)
+    assert sample
+    # one process, as `python train.py` runs it: hvd.init() finds no launcher and makes a job of one
+    launcher_vars = ("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_", "RINGTRAIN_", "HOROVOD_", "SLURM_", "PBS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
+    result = subprocess.run([sys.executable, "-c", sample[1]], capture_output=True, text=True, timeout=300,
+                            env={**env, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"rank 0 of 1: loss \d+\.\d{3}\n", result.stdout), result.stdout
+
+
+def test_the_readme_says_what_the_test_command_costs() -> None:
+    text = _readme()
+    _, test = _quick_start()
+    # the prose between the block before and the test command's own block
+    start = text.index("```bash\n" + test)
+    paragraph = text[text.rindex("```", 0, start) + 3:start]
+    assert re.search(r"about \d+ minutes", paragraph), "say how long the tests take"
+    assert "root" in paragraph
+    assert "apt-get" in paragraph
+    # what .ci/system-setup installs, in words a newcomer knows
+    for name in ("Slurm", "Open MPI", "MPICH", "sshd", "iproute2"):
+        assert name in paragraph, f"the README does not say that .ci/system-setup installs {name}"
+    setup = (ROOT / ".ci" / "system-setup").read_text()
+    for package in ("slurmctld", "openmpi-bin", "mpich", "openssh-server", "iproute2"):
+        assert package in setup
+
+
+def test_every_ringtrain_command_of_the_readme_parses() -> None:
+    from ringtrain.cli.main import build_parser
+
+    commands = [c for c in _inline_commands(_readme(), "ringtrain") if "{" not in c]
+    assert len(commands) >= 12, commands
+    for command in commands:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(shlex.split(command)[1:])
+        except SystemExit as exc:
+            raise AssertionError(f"the README's `{command}` does not parse (exit {exc.code})") from None
+        assert getattr(args, "func", None) is not None, f"`{command}` names no subcommand"
+    # the first hour's steps, as the issue asks for them
+    for step in ("ringtrain run -np 2 ringtrain check", "ringtrain bench --np 1,2 -- python examples/"):
+        assert any(c.startswith(step) for c in commands), f"the first hour lacks {step!r}"
+
+
+def test_the_files_the_readme_commands_name_exist() -> None:
+    text = _readme()
+    named = re.findall(r"\b(examples/[\w./-]+\.py)\b", text)
+    assert named, "the first hour runs an example of the repository"
+    assert [n for n in named if not (ROOT / n).is_file()] == []
+    for command in _inline_commands(text, "python"):
+        if command.startswith("python -m ringtrain.shim "):
+            assert (ROOT / shlex.split(command)[3]).is_file(), command
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md", "benchmarks/README.md", "examples/README.md"])
+def test_relative_links_lead_to_files(page: str) -> None:
+    path = ROOT / page
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
+    missing = [link for link in links if "://" not in link and not (path.parent / link).exists()]
+    assert missing == [], f"{page} links to files that do not exist: {missing}"
+
+
+def test_the_docs_index_lists_every_page_once() -> None:
+    index = (ROOT / "docs" / "index.md").read_text()
+    listed = re.findall(r"^\| \[([\w.-]+\.md)\]", index, flags=re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert sorted(listed) == pages, "docs/index.md must list every page of docs/, one line each"
+    assert "docs/index.md" in _readme()
+
+
+def test_the_license_file_matches_pyproject() -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in license_text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] in ({"text": "Apache-2.0"}, "Apache-2.0")
+
+
+@pytest.mark.slow
+def test_the_quick_start_prints_the_accuracy_the_readme_quotes(tmp_path: Path) -> None:
+    train, _ = _quick_start()
+    words = shlex.split(_steps(train)[-1])
+    assert words[0] == "ringtrain"
+    # a fresh machine: no data in the cache, so the embedded MNIST; nothing of this machine's launchers
+    env = {**os.environ, "RINGTRAIN_DATA": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "ringtrain", *words[1:], "--no-progress"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    done = re.search(r"done: 4 epoch\(s\) in [\d.]+s, test accuracy (\d+\.\d+)%", result.stdout)
+    assert done, result.stdout
+    assert f"test accuracy {done[1]}%" in _readme(), f"the quick start printed {done[1]} %"

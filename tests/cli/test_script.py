@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ MASTER_FLAGS = ["--master-addr", "$MASTER_ADDR", "--master-port", "$MASTER_PORT"
 def test_slurm_script(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "slurm", "--nodes", "2", "--procs-per-node", "4", "--time", "01:30:00",
                     "--partition", "gpu", "--job-name", "mnist", "--account", "proj7", "--python",
-                    "/opt/py/bin/python", "--", "python", "train.py", "--epochs", "5", "--name", "a b")
+                    "/opt/py/bin/python", "--cpus-per-proc", "1", "--", "python", "train.py", "--epochs", "5",
+                    "--name", "a b")
     assert lines[0] == "#!/bin/bash"
     assert _directives(lines, "#SBATCH") == [
         "#SBATCH --job-name=mnist", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
@@ -62,7 +64,11 @@ def test_slurm_script(capsys: pytest.CaptureFixture[str]) -> None:
 def test_slurm_head_node_and_port_come_from_the_job(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "slurm", "-N", "2", "--nproc-per-node", "1", "--", "python3", "x.py")
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)' in lines
-    assert "export MASTER_PORT=$((15000 + SLURM_JOB_ID % 10000))" in lines
+    # picked free on node 0 when the job starts, not derived from the job number (which can collide)
+    port = [line for line in lines if line.startswith("MASTER_PORT=")]
+    assert port == ["MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
+                    "print(s.getsockname()[1])')"]
+    assert "export MASTER_PORT" in lines
 
 
 def test_slurm_gpus_cpus_and_setup_lines(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,15 +107,16 @@ def test_default_interpreter_is_python3_of_the_job_never_this_machines_path(
 def test_pbs_script(capsys: pytest.CaptureFixture[str]) -> None:
     lines = _script(capsys, "pbs", "--nodes", "3", "--procs-per-node", "2", "--time", "02:00:00",
                     "-q", "workq", "--account", "proj7", "--gpus-per-node", "2", "--python", "python3",
-                    "--mail-user", "me@example.org", "--", "python", "train.py")
+                    "--mail-user", "me@example.org", "--cpus-per-proc", "1", "--", "python", "train.py")
     assert _directives(lines, "#PBS") == [
         "#PBS -N ringtrain", "#PBS -l select=3:ncpus=2:mpiprocs=2:ngpus=2", "#PBS -l place=scatter",
         "#PBS -l walltime=02:00:00", "#PBS -q workq", "#PBS -A proj7", "#PBS -M me@example.org", "#PBS -m ea",
         "#PBS -j oe"]
     assert 'cd "$PBS_O_WORKDIR"' in lines
     assert 'MASTER_ADDR=$(sed -n 1p "$PBS_NODEFILE")' in lines
-    assert _launch(lines) == ["python3", "-m", "ringtrain", "run", "--nproc-per-node", "2", *MASTER_FLAGS,
-                              "python", "train.py"]
+    # each host's `ringtrain run`, started by pbsdsh with its node rank and the number of hosts
+    assert _launch(lines) == ["exec", "python3", "-m", "ringtrain", "run", "--nproc-per-node", "2",
+                              "--nnodes", "$2", "--node-rank", "$1", *MASTER_FLAGS, "python", "train.py"]
 
 
 def test_pbs_torque_syntax(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,11 +150,31 @@ def test_scripts_are_valid_bash(scheduler: str) -> None:
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+#: pbsdsh as PBS documents it: ``-n INDEX -- PROGRAM ARGS`` runs PROGRAM once on the host of line INDEX of
+#: ``$PBS_NODEFILE`` (here: this host), as a task of the job (``PBS_TASKNUM`` > 1, ``PBS_VNODENUM`` =
+#: INDEX), in the home folder and with the job's environment, never the calling script's exports.
+FAKE_PBSDSH = """#!/bin/bash
+[ "$1" = -n ] || { echo "fake pbsdsh: only -n INDEX -- PROGRAM" >&2; exit 64; }
+index=$2; shift 2; [ "$1" = -- ] && shift
+echo "$index" >> "$PBSDSH_LOG"
+cd "$HOME"
+exec env -u MASTER_ADDR -u MASTER_PORT -u RINGTRAIN_JOB_SECRET -u OMP_NUM_THREADS \\
+    PBS_TASKNUM=$((index + 2)) PBS_VNODENUM="$index" "$@"
+"""
+
+
 def _run_script(text: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "job.sh"
     script.write_text(text)
     bin_dir = Path(sys.executable).parent
-    full = {**os.environ, **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    fake_bin = tmp_path / "pbs-bin"
+    fake_bin.mkdir(exist_ok=True)
+    (fake_bin / "pbsdsh").write_text(FAKE_PBSDSH)
+    (fake_bin / "pbsdsh").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{fake_bin}{os.pathsep}{os.environ['PATH']}"
+    full = {**os.environ, **env, "PATH": path, "OMP_NUM_THREADS": "1",
+            "PBSDSH_LOG": str(tmp_path / "pbsdsh.log")}
+    full.pop("RINGTRAIN_JOB_SECRET", None)
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=full, capture_output=True, text=True,
                           timeout=300)
 
@@ -155,7 +182,8 @@ def _run_script(text: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Co
 @pytest.mark.parametrize("scheduler", ["pbs", "lsf"])
 def test_pbs_and_lsf_scripts_run_inside_their_documented_environment(scheduler: str, tmp_path: Path) -> None:
     """No PBS or LSF here: the script runs as the scheduler would run it on the first host of a one-node
-    job (its job id, host file and working folder set as documented), and starts its ranks."""
+    job (its job id, host file and working folder set as documented; PBS's pbsdsh as documented), and
+    starts its ranks."""
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost\n" * 4)  # the job holds 4 slots of one host; the script runs 2 ranks
     out = tmp_path / "out"
@@ -164,24 +192,31 @@ def test_pbs_and_lsf_scripts_run_inside_their_documented_environment(scheduler: 
            if scheduler == "pbs" else {"LSB_JOBID": "4711", "LSB_DJOB_HOSTFILE": str(hostfile)})
     text = render(JobScript(scheduler=scheduler, nodes=1, procs_per_node=2,
                             command=("python3", str(REPORT_ENV), str(out))))
-    result = _run_script(text, tmp_path, env)
+    # Another job on this node holds the port that 15000 + the job number would give: the script's port
+    # is picked free when the job starts, so this job starts all the same.
+    derived = 15000 + (8812 if scheduler == "pbs" else 4711)
+    with socket.socket() as other_job:
+        other_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other_job.bind(("", derived))
+        other_job.listen()
+        result = _run_script(text, tmp_path, env)
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
     assert sorted(ranks) == [0, 1]
-    # node 0 is the host file's first host, its rendezvous port 15000 + the last four digits of the job
-    # number; the ranks' own MASTER_PORT is a fresh one of that rendezvous round (see docs/restarts.md)
-    port = "23812" if scheduler == "pbs" else "19711"
     assert '--master-port "$MASTER_PORT"' in text
-    exported = subprocess.run(["bash", "-c", _port_lines(text) + 'echo "$MASTER_PORT"'],
-                              env={**os.environ, **env}, capture_output=True, text=True, check=True)
-    assert exported.stdout.strip() == port
+    # node 0 is the host file's first host; the ranks reach the job store on the script's port
     assert {env["MASTER_ADDR"] for env in ranks.values()} == {"localhost"}
     assert len({env["MASTER_PORT"] for env in ranks.values()}) == 1
-
-
-def _port_lines(text: str) -> str:
-    """The lines of a job script that compute the rendezvous address and port."""
-    return "".join(line + "\n" for line in text.splitlines() if "MASTER_" in line and "ringtrain" not in line)
+    (store,) = {env["RINGTRAIN_JOB_STORE"] for env in ranks.values()}
+    assert store.startswith("localhost:")
+    assert int(store.rpartition(":")[2]) != derived
+    # one secret for the job, the same on every rank; threads as the script exported them
+    assert len({env["RINGTRAIN_JOB_SECRET"] for env in ranks.values()}) == 1
+    share = max(1, len(os.sched_getaffinity(0)) // 2)  # this node's cores (nproc) over its 2 ranks
+    assert {env["OMP_NUM_THREADS"] for env in ranks.values()} == {str(share)}
+    if scheduler == "pbs":  # one pbsdsh task, on the host file's first line; its node script is gone
+        assert (tmp_path / "pbsdsh.log").read_text() == "0\n"
+        assert not list(tmp_path.glob(".ringtrain-node-*"))
 
 
 def test_a_script_whose_python_lacks_ringtrain_says_so(tmp_path: Path) -> None:

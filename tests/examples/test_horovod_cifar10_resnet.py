@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.examples.cifar_batches import write_cifar10
-from tests.examples.launch import explain, run_example, unprefixed
+from tests.examples.launch import EXAMPLES, explain, run_example, unprefixed
 
 # ResNet-18 is heavy for a shared CPU: 80 images, sub-batches of 8, two per allreduce, so each worker
 # takes 3 optimizer steps per epoch; a low rate keeps BatchNorm on 8 images stable.
@@ -47,3 +47,34 @@ def test_trains_checkpoints_and_resumes(tmp_path) -> None:
     assert resumed[2] < 0.8 * losses[1], (losses, resumed)
     written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert written == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
+
+
+@pytest.mark.slow
+def test_a_fresh_clone_trains_on_synthetic_images_and_says_so(tmp_path) -> None:
+    # no CIFAR-10 anywhere: an empty cache, no --data-dir (the README's line, on fewer images)
+    args = ["--epochs", "1", "--subset", "64", "--batch-size", "8", "--log-dir", "logs",
+            "--checkpoint-format", "ckpt-{epoch}.pth.tar"]
+    result = run_example("horovod_cifar10_resnet.py", args, cwd=tmp_path,
+                         env={"RINGTRAIN_DATA": str(tmp_path)})
+    assert result.returncode == 0, explain(result)
+    out = unprefixed(result.stdout)
+    assert out.count("no CIFAR-10 in ringtrain's cache: training on synthetic CIFAR-shaped images") == 1, \
+        explain(result)
+    assert "2 workers, global batch 16, 64 training images, epochs 1..1" in out, explain(result)
+    assert sorted(_train_losses(out)) == [1], explain(result)
+    assert (tmp_path / "ckpt-1.pth.tar").is_file()
+
+
+def test_a_missing_data_dir_is_one_line_not_a_traceback(tmp_path, monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("example_cifar", EXAMPLES / "horovod_cifar10_resnet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["x", "--data-dir", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit) as info:
+        module.images(module.parse_args())
+    assert str(info.value.code).startswith("error: ")
+    assert str(tmp_path / "nowhere") in str(info.value.code)
+    assert "HINT" in str(info.value.code)

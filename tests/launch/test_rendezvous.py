@@ -188,3 +188,34 @@ def test_losing_node_0_is_named(server):
             other.next_rendezvous()
     finally:
         other.shutdown()
+
+
+def test_the_endpoint_port_stays_the_job_stores_so_round_0_hands_the_workers_a_fresh_one():
+    """torchrun's static rendezvous gives the workers ``MASTER_PORT`` = the ``--rdzv-endpoint`` port (its
+    agent's unauthenticated TCPStore, which the workers join). ringtrain's node 0 serves the authenticated
+    job store on that port for the whole job, so it cannot be the workers' store: round 0 already gets a
+    fresh port, as every later round does (docs/launching.md, "The rendezvous port")."""
+    import socket
+
+    from ringtrain.exceptions import AuthenticationError, JobStoreError
+    from ringtrain.launch.rendezvous import NodeMeeting
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = new_secret()
+    meeting = NodeMeeting(view=view(0, nnodes=1, nproc_per_node=(1,), port=port),
+                          endpoint=f"127.0.0.1:{port}", bootstrap_host="127.0.0.1", secret=secret,
+                          timeout=30.0)
+    configs = meeting.open()
+    node = RingtrainRendezvous(configs["job_store"], configs["view"], "127.0.0.1", timeout=30.0)
+    try:
+        ports = [node.next_rendezvous().bootstrap_store_info.master_port for _ in range(2)]
+        assert port not in ports
+        assert len(set(ports)) == 2
+        # the endpoint port answers only to the job's secret: no unauthenticated store came back
+        with pytest.raises((AuthenticationError, JobStoreError)):
+            JobStore(f"127.0.0.1:{port}", new_secret(), timeout=5.0).get("rdzv/closed")
+    finally:
+        node.shutdown()
+        meeting.close(node)

@@ -83,7 +83,8 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     parser.add_argument("--job-name", "-J", default="ringtrain", help="job name (default ringtrain)")
     parser.add_argument("--output", "-o",
                         help="output file (default: the scheduler's; Slurm ringtrain-%%j.out)")
-    parser.add_argument("--cpus-per-proc", type=int, default=1, help="CPU cores per rank (default 1)")
+    parser.add_argument("--cpus-per-proc", type=int, default=None,
+                        help="CPU cores per rank (default: whole nodes, their cores divided by the ranks)")
     parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default none)")
     parser.add_argument("--python", default=None,
                         help="interpreter with ringtrain installed, as the job finds it (default python3, "

@@ -11,6 +11,10 @@ used by ``ringtrain run`` wherever it would have used ``static``) fixes both:
   agent is prefixed by run id and round, so nothing of a dead attempt is ever read again.
 * Node 0 picks a fresh port for every round and hands it out as ``MASTER_PORT``: the workers'
   rank 0 hosts a new store there each attempt (``use_agent_store`` is False), as DDP scripts expect.
+  Round 0 too: torchrun's static rendezvous gives the workers the ``--rdzv-endpoint`` port itself,
+  but here that port is the authenticated job store's for the whole job (other nodes and every rank
+  connect to it), and a DDP script's store there would be torch's unauthenticated ``TCPStore``
+  (docs/launching.md, "The rendezvous port").
 * Each node publishes its *view* (``--nnodes``, ranks per node, run id, rendezvous port, ringtrain,
   torch and Python versions, node rank, host). Any difference, or two nodes with one node rank, closes
   the rendezvous with a message that names every difference and node, and every node raises

@@ -2,10 +2,17 @@
 
 Every script starts one ``ringtrain run`` agent per node, each starting that node's ranks, and lets the
 nodes meet at the first host of the job (its address is taken inside the job: ``scontrol show
-hostnames``, ``$PBS_NODEFILE``, ``$LSB_DJOB_HOSTFILE``). Slurm: ``srun`` starts the agents (one task
-per node, with the task's CPUs passed on to ``srun``, which Slurm 22.05 and later no longer do by
-themselves). PBS and LSF: the script runs one ``ringtrain run`` on the first host, which reads the
-job's host file and reaches the other hosts over ssh.
+hostnames``, ``$PBS_NODEFILE``, ``$LSB_DJOB_HOSTFILE``), on a port picked free there when the job starts
+(every scheduler runs the batch script on that first host): two jobs sharing a node never collide, as
+ports derived from job numbers can. Slurm: ``srun`` starts the agents (one task per node, with the
+task's CPUs passed on to ``srun``, which Slurm 22.05 and later no longer do by themselves). PBS:
+``pbsdsh`` starts them, one on each host, so the ranks run under PBS's control (its accounting, limits
+and clean-up) and need no ssh. LSF: the script runs one ``ringtrain run`` on the first host, which reads
+the job's host file and reaches the other hosts over ssh.
+
+CPUs: ``--cpus-per-proc C`` reserves C cores per rank; without it the job takes whole nodes and each
+rank gets the node's cores divided by its ranks, read in the job (``SLURM_CPUS_ON_NODE``, else the
+cores ``nproc`` counts on the node). ``OMP_NUM_THREADS`` is exported either way.
 
 The interpreter is ``python3`` as the job finds it (after ``--venv`` or ``--setup`` lines), or
 ``--python``: never this machine's absolute path, which a cluster's nodes need not have.
@@ -76,8 +83,9 @@ class JobScript:
     """Job name shown by ``squeue`` / ``qstat`` / ``bjobs``."""
     output: str | None = None
     """Output file (default: Slurm ``ringtrain-%j.out``, LSF ``ringtrain-%J.out``, PBS its own)."""
-    cpus_per_proc: int = 1
-    """CPU cores reserved per rank (also each rank's ``OMP_NUM_THREADS``)."""
+    cpus_per_proc: int | None = None
+    """CPU cores reserved per rank (also each rank's ``OMP_NUM_THREADS``); None: whole nodes, each rank
+    the node's cores divided by ``procs_per_node``, as the job finds them."""
     gpus_per_node: int = 0
     """GPUs per node (0: none requested); rank r of a node uses its GPU ``LOCAL_RANK``."""
     python: str = "python3"
@@ -92,7 +100,7 @@ class JobScript:
             raise ValueError(f"unknown scheduler {self.scheduler!r}. "
                              f"HINT: use one of {', '.join(SCHEDULERS)}.")
         for name in ("nodes", "procs_per_node", "cpus_per_proc"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} {getattr(self, name)} must be at least 1. HINT: e.g. {flag} 2.")
         if self.gpus_per_node < 0:
@@ -126,9 +134,9 @@ class JobScript:
                 raise ValueError(f"--setup {line!r} spans several lines. HINT: repeat --setup once per line.")
 
     @property
-    def cpus_per_node(self) -> int:
-        """CPU cores of one node's share of the job."""
-        return self.procs_per_node * self.cpus_per_proc
+    def cpus_per_node(self) -> int | None:
+        """CPU cores of one node's share of the job (None: the whole node)."""
+        return None if self.cpus_per_proc is None else self.procs_per_node * self.cpus_per_proc
 
     @property
     def walltime(self) -> int | None:
@@ -144,31 +152,41 @@ class JobScript:
 
 # --- the parts every script shares ------------------------------------------------------------------
 
+#: Python that prints a port the kernel holds free on this host (the batch script runs on node 0).
+_FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+
+
 def _job_environment(job: JobScript, head_node: str) -> list[str]:
     """The variables every node of the job gets, exported by the script before the launch.
 
-    This is the one place for job-wide variables: node 0's address and port (every node computes the
-    same), threads per rank, and the per-job secret (``export RINGTRAIN_JOB_SECRET=...``): the nodes
-    start their ranks separately and prove it to each other (docs/security.md).
+    This is the one place for job-wide variables: node 0's address and port (picked free at run time on
+    node 0, where every scheduler runs the batch script), threads per rank, and the per-job secret
+    (``export RINGTRAIN_JOB_SECRET=...``): the nodes start their ranks separately and prove it to each
+    other (docs/security.md). PBS's threads are set on each node, in its node script.
     """
-    lines = ["# Node 0 of the job hosts the rendezvous: the same address and port on every node.",
+    lines = ["# Node 0 of the job hosts the rendezvous, on a port free there now: the batch script runs on",
+             "# node 0, and one the kernel hands out is in use by no other job (a port derived from the",
+             "# job number could be: two jobs sharing a node would collide).",
              f"MASTER_ADDR=$({head_node})",
              "export MASTER_ADDR",
-             f"export MASTER_PORT=$((15000 + {_job_number(job)} % 10000))"]
+             f"MASTER_PORT=$({shlex.quote(job.python)} -c {shlex.quote(_FREE_PORT)})",
+             "export MASTER_PORT"]
     lines += ["# The nodes prove this per-job secret to each other (a fresh one unless one is exported).",
               export_secret_line(job.python)]
-    if job.cpus_per_proc > 1:
-        lines.append(f"export OMP_NUM_THREADS={job.cpus_per_proc}  # --cpus-per-proc cores for each rank")
+    if job.scheduler == "slurm":
+        lines += _threads_lines(job, "SLURM_CPUS_ON_NODE")
+    elif job.scheduler == "lsf":
+        lines += _threads_lines(job, "$(nproc)")
     return lines
 
 
-def _job_number(job: JobScript) -> str:
-    """The shell expression of the job's number (ringtrain derives the same port from it by itself)."""
-    if job.scheduler == "slurm":
-        return "SLURM_JOB_ID"
-    if job.scheduler == "lsf":
-        return "LSB_JOBID"
-    return "${PBS_JOBID%%[!0-9]*}"  # "8812.pbs01" -> 8812
+def _threads_lines(job: JobScript, cores: str) -> list[str]:
+    """``OMP_NUM_THREADS`` for every rank: ``--cpus-per-proc``, else the node's ``cores`` shared out."""
+    if job.cpus_per_proc is not None:
+        return [f"export OMP_NUM_THREADS={job.cpus_per_proc}  # --cpus-per-proc cores for each rank"]
+    share = f"{cores} / {job.procs_per_node}"
+    return ["# The node's cores shared among its ranks (--cpus-per-proc sets a number instead).",
+            f"export OMP_NUM_THREADS=$(( {share} > 1 ? {share} : 1 ))"]
 
 
 def _interpreter_check(job: JobScript) -> list[str]:
@@ -181,9 +199,9 @@ def _interpreter_check(job: JobScript) -> list[str]:
             "fi"]
 
 
-def _launch_line(job: JobScript) -> str:
+def _launch_line(job: JobScript, node_flags: str = "") -> str:
     run = [job.python, "-m", "ringtrain", "run", _RANKS_PER_NODE, str(job.procs_per_node)]
-    return (shlex.join(run) + ' --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
+    return (shlex.join(run) + node_flags + ' --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
             + shlex.join(job.command))
 
 
@@ -198,7 +216,11 @@ def _body(job: JobScript, preamble: list[str], head_node: str, launch: list[str]
 def slurm_script(job: JobScript) -> str:
     """An ``sbatch`` script: one ``ringtrain run`` per node via ``srun``, each starting the node's ranks."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}", f"#SBATCH --nodes={job.nodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={job.cpus_per_node}"]
+             "#SBATCH --ntasks-per-node=1"]
+    if job.cpus_per_node is None:
+        lines.append("#SBATCH --exclusive")  # whole nodes: every core for the node's ranks
+    else:
+        lines.append(f"#SBATCH --cpus-per-task={job.cpus_per_node}")
     if job.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
     if job.walltime is not None:
@@ -217,7 +239,8 @@ def slurm_script(job: JobScript) -> str:
     lines.append(f"#SBATCH --output={job.output or 'ringtrain-%j.out'}")
     # srun is told the task's CPUs: since Slurm 22.05 it no longer takes them from the job's
     # --cpus-per-task, and all ranks of a node would share one core.
-    srun = ['srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1']
+    cpus = "$SLURM_CPUS_PER_TASK" if job.cpus_per_node is not None else "$SLURM_CPUS_ON_NODE"
+    srun = [f'srun --ntasks-per-node=1 --cpus-per-task="{cpus}" --kill-on-bad-exit=1']
     if job.gpus_per_node:
         srun[0] += " --gpu-bind=none"  # the node's one task owns all its GPUs; rank r takes GPU r
     launch = [srun[0] + " \\", "    " + _launch_line(job)]
@@ -229,17 +252,21 @@ def slurm_script(job: JobScript) -> str:
 
 def pbs_script(job: JobScript) -> str:
     """A ``qsub`` script: one ``ringtrain run`` that spreads the ranks over ``$PBS_NODEFILE``'s hosts."""
+    cpus = job.cpus_per_node or job.procs_per_node  # whole nodes: at least a core per rank, and excl
     if job.pbs_resources == "select":
-        resources = f"select={job.nodes}:ncpus={job.cpus_per_node}:mpiprocs={job.procs_per_node}"
+        resources = f"select={job.nodes}:ncpus={cpus}:mpiprocs={job.procs_per_node}"
         if job.gpus_per_node:
             resources += f":ngpus={job.gpus_per_node}"
     else:
-        resources = f"nodes={job.nodes}:ppn={job.cpus_per_node}"
+        resources = f"nodes={job.nodes}:ppn={cpus}"
         if job.gpus_per_node:
             resources += f":gpus={job.gpus_per_node}"
     lines = ["#!/bin/bash", f"#PBS -N {job.job_name}", f"#PBS -l {resources}"]
     if job.pbs_resources == "select":
-        lines.append("#PBS -l place=scatter")  # one chunk per host: the ranks of a node stay together
+        # one chunk per host: the ranks of a node stay together; excl: the whole host, all its cores
+        lines.append("#PBS -l place=scatter" + (":excl" if job.cpus_per_node is None else ""))
+    elif job.cpus_per_node is None:
+        lines.append("#PBS -n")  # Torque: node-exclusive, all the host's cores for its ranks
     if job.walltime is not None:
         lines.append(f"#PBS -l walltime={_hms(job.walltime)}")
     if job.queue:
@@ -254,10 +281,57 @@ def pbs_script(job: JobScript) -> str:
     lines.append("#PBS -j oe")
     if job.output:
         lines.append(f"#PBS -o {job.output}")
-    preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): `ringtrain run` reads the hosts from "
-                "$PBS_NODEFILE", "# and starts each node's ranks (over ssh on the other nodes).",
+    preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): pbsdsh starts one `ringtrain run` on "
+                "each host of",
+                "# $PBS_NODEFILE, which starts that host's ranks; the hosts meet at the first.",
                 'cd "$PBS_O_WORKDIR"']
-    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$PBS_NODEFILE"', [_launch_line(job)]))
+    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$PBS_NODEFILE"', _pbs_launch(job)))
+
+
+#: Ends the node script's text in the PBS job script (a quoted here-document: taken verbatim).
+_NODE_SCRIPT_END = "RINGTRAIN_NODE_SCRIPT_END"
+
+
+def _pbs_launch(job: JobScript) -> list[str]:
+    """Start one ``ringtrain run`` per host through ``pbsdsh``: under PBS's control, no ssh.
+
+    ``pbsdsh`` gives its tasks the job's environment, not this script's, so the job-wide variables
+    travel in a node script that only the job's user can read (``mktemp``: mode 0600), in the job's
+    working folder, which every host sees as it sees the environment's interpreter. The secret goes
+    through ``printf``, a shell builtin: never on a command line that ``ps`` would show.
+    """
+    flags = ' --nnodes "$2" --node-rank "$1"'
+    node = ["set -eo pipefail", 'cd "$PBS_O_WORKDIR"  # pbsdsh starts its tasks in the home folder',
+            *job.setup, "set -u", *_threads_lines(job, "$(nproc)"), "exec " + _launch_line(job, flags)]
+    return ["if ! command -v pbsdsh >/dev/null; then",
+            '    echo "job: pbsdsh not found: this script starts its ranks through PBS (PBS Pro, OpenPBS or '
+            'Torque). HINT: submit it with qsub, or put PBS\'s bin folder on PATH with --setup" >&2',
+            "    exit 2",
+            "fi",
+            "# pbsdsh passes the job's environment, not this script's: the node script carries the rest.",
+            'NODE_SCRIPT=$(mktemp "$PBS_O_WORKDIR/.ringtrain-node-XXXXXX")',
+            "trap 'rm -f \"$NODE_SCRIPT\"' EXIT",
+            "{",
+            "    printf 'export MASTER_ADDR=%q MASTER_PORT=%q RINGTRAIN_JOB_SECRET=%q\\n' \\",
+            '        "$MASTER_ADDR" "$MASTER_PORT" "$RINGTRAIN_JOB_SECRET"',
+            f"    cat <<'{_NODE_SCRIPT_END}'", *node, _NODE_SCRIPT_END,
+            '} > "$NODE_SCRIPT"',
+            "# One task on each host (pbsdsh -n: the index of the host's first line in $PBS_NODEFILE), its",
+            "# node rank the host's place in the file; the job fails with a failed node's exit status.",
+            "HOST_LINES=$(awk '!seen[$1]++ { print NR - 1 }' \"$PBS_NODEFILE\")",
+            "NNODES=$(echo \"$HOST_LINES\" | wc -l)",
+            "node_rank=0",
+            "pids=()",
+            "for index in $HOST_LINES; do",
+            '    pbsdsh -n "$index" -- /bin/bash "$NODE_SCRIPT" "$node_rank" "$NNODES" &',
+            "    pids+=($!)",
+            "    node_rank=$((node_rank + 1))",
+            "done",
+            "status=0",
+            'for pid in "${pids[@]}"; do',
+            '    wait "$pid" || status=$?',
+            "done",
+            'exit "$status"']
 
 
 def lsf_script(job: JobScript) -> str:
@@ -267,8 +341,11 @@ def lsf_script(job: JobScript) -> str:
     script runs on the first of them. (On CSM systems where a separate launch node runs the script,
     start the ranks with ``jsrun`` instead.)
     """
-    lines = ["#!/bin/bash", f"#BSUB -J {job.job_name}", f"#BSUB -n {job.nodes * job.cpus_per_node}",
-             f'#BSUB -R "span[ptile={job.cpus_per_node}]"']
+    slots = job.cpus_per_node or 1  # whole hosts (-x): one slot each holds them
+    lines = ["#!/bin/bash", f"#BSUB -J {job.job_name}", f"#BSUB -n {job.nodes * slots}",
+             f'#BSUB -R "span[ptile={slots}]"']
+    if job.cpus_per_node is None:
+        lines.append("#BSUB -x")  # exclusive: all the host's cores for its ranks
     if job.gpus_per_node:
         lines.append(f'#BSUB -gpu "num={job.gpus_per_node}"')
     if job.walltime is not None:
