@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ringtrain.exceptions import JobError, SnapshotError
+from ringtrain.train import resuming
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.metrics import EpochResult
 from ringtrain.train.snapshots import SnapshotManager
@@ -229,17 +230,45 @@ def write_json_atomically(path: Path, body: Any) -> None:
         temp.unlink(missing_ok=True)
 
 
-def check_snapshot_dir(job: TrainJob) -> None:
-    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder or
-    none of those there can be resumed (damaged ones are skipped for older good ones)."""
+def check_snapshot_dir(job: TrainJob) -> tuple[Path, dict[str, Any]] | None:
+    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder, none
+    of those there can be resumed (damaged ones are skipped for older good ones), or the one the ranks
+    would resume was written with settings that cannot change (``resuming.refusal``).
+
+    Returns the snapshot the ranks will resume and its body (tensors mapped from the file, not read),
+    or None when they start afresh.
+    """
     config = job.trainer
     if not config.snapshot_dir:
-        return
+        return None
     manager = SnapshotManager(config.snapshot_dir, config.keep_last)
     if config.save_every or config.save_every_steps:
         manager.check_writable()
-    if config.resume:
-        manager.load_newest()
+    if not config.resume:
+        return None
+    path, body, _ = manager.load_newest(lazy=True)  # verified as the ranks verify it
+    if path is None or body is None:
+        return None
+    problem = resuming.refusal(path, body, config.seed, resuming.OPTIMIZER_CLASSES[_optimizer_of(job)])
+    if problem:
+        raise SnapshotError(problem)
+    return path, body
+
+
+def check_optimizer_flags(job: TrainJob) -> None:
+    """``--momentum`` sets SGD's momentum; Adam and AdamW have none, and would ignore it silently."""
+    name = _optimizer_of(job)
+    if job.momentum is not None and name != "sgd":
+        default = "" if job.optimizer else f", {job.workload}'s default"
+        raise JobError(f"--momentum {job.momentum:g} has no effect on the {name} optimizer (--optimizer "
+                       f"{name}{default}): only SGD has a momentum setting. HINT: add --optimizer sgd, or "
+                       "drop --momentum.")
+
+
+def _optimizer_of(job: TrainJob) -> str:
+    from ringtrain.workloads import get_workload
+
+    return job.optimizer or get_workload(job.workload).defaults.optimizer
 
 
 #: Exit codes of a launcher stopped by a signal (128 + its number), and the signal's name.
@@ -298,7 +327,17 @@ def launch_job(job: TrainJob) -> int:
     def say_stopped(cause: str) -> None:
         print(stopped_message(job, cause), file=sys.stderr, flush=True)
 
-    check_snapshot_dir(job)
+    check_optimizer_flags(job)
+    resumed = check_snapshot_dir(job)
+    if resumed is not None and resuming.finished(resumed[1], job.trainer.epochs):
+        # said here, before any rank starts: they would only load the snapshot to find nothing to do
+        path, body = resumed
+        print(f"ringtrain train: {resuming.finished_message(path, body, job.trainer.epochs)}", flush=True)
+        if job.results_json:
+            write_json_atomically(Path(job.results_json), {
+                "workload": job.workload, "world_size": job.nproc, "strategy": job.trainer.strategy,
+                "epochs": [], "resumed_from": str(path)})
+        return 0
     try:
         # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
         with at_forced_exit(lambda signum: say_stopped(signal.Signals(signum).name)):
