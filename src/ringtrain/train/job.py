@@ -130,6 +130,18 @@ class TrainJob:
         return cls(**body)
 
 
+class RankInputError(JobError):
+    """Bad input met inside the ranks (the message of the lowest rank that met it).
+
+    ``reported``: the launcher's root-cause report showed it already, so the caller says no more than
+    that (a failure is told once).
+    """
+
+    def __init__(self, message: str, reported: bool = False) -> None:
+        super().__init__(message)
+        self.reported = reported
+
+
 def build_optimizer(name: str, params: Any, lr: float, momentum: float,
                     weight_decay: float) -> torch.optim.Optimizer:
     """A torch optimizer by name."""
@@ -371,7 +383,8 @@ def _launch(job: TrainJob) -> int:
                                    host_discovery_script=job.host_discovery_script))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
-            raise JobError(messages[0].read_text().strip())
+            raise RankInputError(messages[0].read_text().strip(),
+                                 reported=any(errors.glob("rank-*.reported")))
         return code
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -385,9 +398,14 @@ def _with_restart_snapshots(job: TrainJob, folder: Path) -> TrainJob:
     return dataclasses.replace(job, trainer=job.trainer.replace(snapshot_dir=str(folder), save_every=1))
 
 
-def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:
-    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message)."""
+def write_error(folder: str | os.PathLike[str], rank: int, message: str, reported: bool = False) -> None:
+    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message).
+
+    ``reported``: the launcher's root-cause report shows the message, so ``launch_job`` does not repeat it.
+    """
     path = Path(folder) / f"rank-{rank}.txt"
+    if reported:  # before the message: launch_job reads the two together once the ranks have ended
+        (Path(folder) / f"rank-{rank}.reported").touch()
     temp = path.with_name(f".{path.name}.tmp")
     try:
         temp.write_text(message + "\n")
