@@ -267,8 +267,9 @@ class SnapshotManager:
         if fingerprint is not None and body.get("fingerprint") != fingerprint:
             raise SnapshotError(
                 f"{path} was written for a different model (fingerprint {body.get('fingerprint')}, this "
-                f"model has {fingerprint}): its weights cannot be loaded. HINT: use another --snapshot-dir "
-                "for this model, or delete the old snapshots to start afresh.")
+                f"model has {fingerprint}): its weights cannot be loaded. HINT: resume with the snapshot's "
+                "model (--arch), or use another --snapshot-dir for this model, or delete the old snapshots "
+                "to start afresh.")
         return body
 
     def _read(self, path: Path, lazy: bool = False) -> Any:
