@@ -344,11 +344,13 @@ def launch_job(job: TrainJob) -> int:
     if resumed is not None and resuming.finished(resumed[1], job.trainer.epochs):
         # said here, before any rank starts: they would only load the snapshot to find nothing to do
         path, body = resumed
+        if os.environ.get("RANK", "0") != "0":  # a rank of `ringtrain run ... ringtrain train`: rank 0 tells
+            return 0
         print(f"ringtrain train: {resuming.finished_message(path, body, job.trainer.epochs)}", flush=True)
         if job.results_json:
             write_json_atomically(Path(job.results_json), {
-                "workload": job.workload, "world_size": job.nproc, "strategy": job.trainer.strategy,
-                "epochs": [], "resumed_from": str(path)})
+                "workload": job.workload, "world_size": int(os.environ.get("WORLD_SIZE", job.nproc)),
+                "strategy": job.trainer.strategy, "epochs": [], "resumed_from": str(path)})
         return 0
     try:
         # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
