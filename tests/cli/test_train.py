@@ -154,7 +154,7 @@ def test_a_resumed_run_applies_a_new_lr_and_a_finished_one_starts_no_rank(tmp_pa
     assert main([*run, "--epochs", "2", "--lr", "0.01"]) == 0
     out = capsys.readouterr().out
     assert ", lr 0.01, " in out  # the header shows the rate that trains, not the snapshot's 0.001
-    assert "settings other than the snapshot's run, applied: --epochs 1 -> 2, --lr 0.001 -> 0.01" in out
+    assert "changed since the snapshot, applied: --epochs 1 -> 2, --lr 0.001 -> 0.01" in out
     assert "epoch 2/2" in out
     assert main([*run, "--epochs", "2", "-np", "2"]) == 0
     captured = capsys.readouterr()

@@ -166,7 +166,7 @@ def test_a_resumed_run_applies_its_own_learning_rate_and_momentum_and_says_so(tm
         group = trainer.optimizer.param_groups[0]
         assert (group["lr"], group["momentum"]) == (0.05, 0.5)  # not the snapshot's 0.1 and 0.9
         assert trainer.optimizer.state  # while the snapshot's momentum buffers are kept
-        assert trainer.resume_notes == ["settings other than the snapshot's run, applied: --epochs 1 -> 2, "
+        assert trainer.resume_notes == ["changed since the snapshot, applied: --epochs 1 -> 2, "
                                         "--lr 0.1 -> 0.05, --momentum 0.9 -> 0.5"]
         assert "lr 0.05" in trainer.describe()
     finally:

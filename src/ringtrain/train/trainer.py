@@ -453,7 +453,7 @@ class Trainer:
         changed += self._apply_hyperparameters(body)
         self.resume_notes = []
         if changed:
-            self.resume_notes.append("settings other than the snapshot's run, applied: " + ", ".join(changed))
+            self.resume_notes.append("changed since the snapshot, applied: " + ", ".join(changed))
         if resuming.finished(body, self.config.epochs):
             self.resume_notes.append(resuming.finished_message(path, body, self.config.epochs))
         self.resumed_from = path
