@@ -449,7 +449,7 @@ class Trainer:
             raise SnapshotError(problem)
         self.load_state(body, path)
         changed = resuming.config_changes(body, self.config.as_dict(), self.strategy.world_size,
-                                 self.train_loader.dataset_size)
+                                          self.train_loader.dataset_size)
         changed += self._apply_hyperparameters(body)
         self.resume_notes = []
         if changed:
@@ -476,7 +476,8 @@ class Trainer:
             # A snapshot of an earlier version records no configured values: its optimizer's settings are
             # the configured ones (times the factor) unless a scheduler was changing them.
             if body.get("scheduler") is not None:
-                return self._restore_warmup()
+                self._restore_warmup()
+                return []
             old_groups = [{**group, "lr": group["lr"] / old_factor} if "lr" in group else group
                           for group in resuming.hyperparameters(body["optimizer"]["param_groups"])]
         notes: list[str] = []
@@ -504,17 +505,16 @@ class Trainer:
         self._restore_warmup()
         return notes
 
-    def _restore_warmup(self) -> list[str]:
+    def _restore_warmup(self) -> None:
         """The Trainer's own warm-up takes this run's factor and length again (loading the scheduler's
         state brought back the snapshot's), and the rate follows from them at the step reached."""
         scheduler = self.scheduler
         if self._warmup is None or scheduler is None:
-            return []
+            return
         ramp = scheduler.lr_lambdas[0]
         ramp.factor, ramp.warmup_steps = self._warmup
         for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = base * ramp(scheduler.last_epoch)
-        return []
 
     def load_state(self, body: dict[str, Any], path: Path | str = "<state>") -> None:
         """Restore model, optimizer, scheduler, scaler, counters and RNGs from a snapshot body."""
