@@ -86,7 +86,8 @@ def test_earlier_attempts_keep_each_failure_s_traceback_short():
     text = format_earlier_attempts(attempts, keep=6)
     lines = text.splitlines()
     assert lines[0] == "ringtrain run: the job finished after 3 restart(s); earlier attempts:"
-    assert lines[1].endswith(": rank 1 on hostB exit code 1 (RuntimeError: boom) and 1 other rank(s)")
+    assert lines[1].endswith(": rank 1 on hostB exit code 1 (RuntimeError: boom) "
+                             "(1 other rank(s) ended after it)")
     assert lines[2:8] == ["    Traceback (most recent call last):", "      ... (37 line(s) left out)",
                           '      File "train.py", line 37, in f37', '      File "train.py", line 38, in f38',
                           '      File "train.py", line 39, in f39', "    RuntimeError: boom"]

@@ -164,7 +164,7 @@ def format_earlier_attempts(attempts: Sequence[tuple[int, float, Sequence[RankFa
         if first is None:
             lines.append(f"  attempt {attempt} ended {at}: another node restarted its ranks")
             continue
-        others = f" and {len(failures) - 1} other rank(s)" if len(failures) > 1 else ""
+        others = f" ({len(failures) - 1} other rank(s) ended after it)" if len(failures) > 1 else ""
         lines.append(f"  attempt {attempt} ended {at}: {describe(first)}{others}")
         detail = first.traceback or first.output_tail
         if detail:
