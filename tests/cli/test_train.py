@@ -146,6 +146,26 @@ def test_one_process_trains_and_snapshots(tmp_path, capsys):
     assert list((tmp_path / "snaps").glob("snapshot-*.pt"))
 
 
+def test_a_resumed_run_applies_a_new_lr_and_a_finished_one_starts_no_rank(tmp_path, capsys):
+    run = ["train", "mnist", "--subset", "100", "--no-progress", "--threads", "1", "--save-every", "1",
+           "--snapshot-dir", str(tmp_path / "snaps"), "--max-steps-per-epoch", "2"]
+    assert main([*run, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main([*run, "--epochs", "2", "--lr", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert ", lr 0.01, " in out  # the header shows the rate that trains, not the snapshot's 0.001
+    assert "changed since the snapshot, applied: --epochs 1 -> 2, --lr 0.001 -> 0.01" in out
+    assert "epoch 2/2" in out
+    assert main([*run, "--epochs", "2", "-np", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "already holds 2 epoch(s) (--epochs 2): nothing left to train" in captured.out
+    assert "[0]" not in captured.out + captured.err  # said by the launcher: no rank was started
+    assert main([*run, "--epochs", "3", "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--seed 1 (the snapshot's run: --seed 0" in err
+    assert "HINT: resume with --seed 0" in err
+
+
 @pytest.mark.slow
 def test_two_ranks_end_to_end(tmp_path):
     results = tmp_path / "results.json"
@@ -167,6 +187,9 @@ def test_error_inside_a_rank_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "ringtrain train: error:" in proc.stderr
     assert "HINT" in proc.stderr
+    # told once, in the root-cause report: not by each rank, not again at the end
+    assert (proc.stdout + proc.stderr).count("does not hold the mnist files") == 1, proc.stderr
+    assert "  error      : data_dir " in proc.stderr
 
 
 @pytest.mark.slow

@@ -4,7 +4,14 @@ import signal
 
 import pytest
 
-from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
+from ringtrain.launch.report import (
+    RankFailure,
+    asks_for_gpu,
+    earliest,
+    format_earlier_attempts,
+    format_report,
+    no_gpu_hint,
+)
 
 
 def failure(rank, time, exitcode=1, **kw):
@@ -65,3 +72,26 @@ def test_a_report_after_restarts_lists_every_attempt_and_survives_the_marker_hop
     assert "attempts   :" in text
     assert "    attempt 0 ended 10:00:00: rank 1 on hostB killed by SIGKILL" in text
     assert "no restart left" in text
+
+
+def test_earlier_attempts_keep_each_failure_s_traceback_short():
+    long_trace = "\n".join(["Traceback (most recent call last):"]
+                           + [f'  File "train.py", line {n}, in f{n}' for n in range(40)]
+                           + ["RuntimeError: boom"])
+    attempts = [
+        (0, 0.0, [failure(1, 2.0, message="RuntimeError: boom", traceback=long_trace), failure(0, 3.0)]),
+        (1, 60.0, []),  # another node's failure restarted this one
+        (2, 90.0, [failure(0, 4.0, exitcode=-signal.SIGKILL, output_tail="epoch 3/5\n")]),
+    ]
+    text = format_earlier_attempts(attempts, keep=6)
+    lines = text.splitlines()
+    assert lines[0] == "ringtrain run: the job finished after 3 restart(s); earlier attempts:"
+    assert lines[1].endswith(": rank 1 on hostB exit code 1 (RuntimeError: boom) "
+                             "(1 other rank(s) ended after it)")
+    assert lines[2:8] == ["    Traceback (most recent call last):", "      ... (37 line(s) left out)",
+                          '      File "train.py", line 37, in f37', '      File "train.py", line 38, in f38',
+                          '      File "train.py", line 39, in f39', "    RuntimeError: boom"]
+    assert lines[8].endswith(": another node restarted its ranks")
+    assert lines[9].endswith(": rank 0 on hostB killed by SIGKILL")
+    assert lines[10] == "    epoch 3/5"
+    assert len(lines) == 11

@@ -1,4 +1,5 @@
-"""``--max-restarts`` recovers from a rank SIGKILLed at a random moment (issue 10): 3 trials of each kind.
+"""``--max-restarts`` recovers from a rank SIGKILLed at a random moment (issue 10): 3 trials of each kind;
+a job that recovered keeps the failure's traceback in its "earlier attempts" section.
 
 Each trial (see :mod:`tests.launch.restart_trials`) checks exit 0, one restart announced naming the
 killed rank, a resume from a snapshot at least as new as the newest one at the kill, and the right
@@ -9,10 +10,13 @@ acceptance's 10 of each.
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
+from ringtrain.launch.agent import NodeSpec, run_node
 from tests.launch.restart_trials import KINDS, run_trial
+from tests.ranks import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -26,3 +30,31 @@ def test_a_killed_rank_is_recovered_in_three_of_three_trials(kind, tmp_path):
         trial = run_trial(kind, folder, rng)
         assert trial.ok, (f"trial {n + 1} of {kind} (killed rank {trial.killed_rank} after snapshot "
                           f"{trial.newest_at_kill}): {trial.problems}\n{trial.log[-6000:]}")
+
+
+FLAKY = """
+import os
+
+def load_batch():
+    if os.environ["RINGTRAIN_ATTEMPT"] == "0" and os.environ["RANK"] == "1":
+        raise RuntimeError("flaky storage on the first attempt")
+
+load_batch()
+print("rank", os.environ["RANK"], "trained")
+"""
+
+
+def test_a_job_that_recovered_ends_with_the_traceback_of_the_failure_it_recovered_from(tmp_path, capfd):
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    node = NodeSpec(nproc=2, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout=60.0, max_restarts=1,
+                    env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+    assert run_node(node, [sys.executable, str(script)]) == 0
+    err = capfd.readouterr().err
+    section = err[err.index("ringtrain run: the job finished after 1 restart(s); earlier attempts:"):]
+    assert "  attempt 0 ended " in section
+    assert ": rank 1 on " in section
+    assert "(RuntimeError: flaky storage on the first attempt)" in section
+    assert "    Traceback (most recent call last):" in section
+    assert 'raise RuntimeError("flaky storage on the first attempt")' in section  # the user's frame
+    assert "Root cause" not in err  # the job did not fail

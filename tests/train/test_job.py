@@ -93,7 +93,7 @@ def test_write_error_leaves_the_message_where_launch_job_reads_it(tmp_path):
     assert (tmp_path / "rank-3.txt").read_text() == "--data-dir x: no MNIST files. HINT: download them\n"
 
 
-def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path):
+def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path, capfd):
     empty = tmp_path / "empty"
     empty.mkdir()
     job = TrainJob(workload="mnist", trainer=QUICK, nproc=2, data_dir=str(empty))
@@ -101,6 +101,68 @@ def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path):
         launch_job(job)
     assert str(empty) in str(info.value)
     assert "HINT:" in str(info.value)
+    # told once, by the root-cause report; not by each rank, and the caller need not repeat it
+    assert info.value.reported
+    captured = capfd.readouterr()
+    output = captured.out + captured.err
+    first_line = str(info.value).splitlines()[0]
+    assert output.count(first_line) == 1, output
+    assert f"  error      : {first_line}" in output
+
+
+def _never_launch(job):
+    raise AssertionError("ranks were started")
+
+
+def _snapshot_of_one_epoch(folder) -> TrainJob:
+    job = TrainJob(workload="synthetic", subset=64, trainer=QUICK.replace(
+        max_steps_per_epoch=2, save_every=1, snapshot_dir=str(folder)))
+    run_job(job)
+    return job
+
+
+def test_a_finished_job_says_so_without_starting_ranks(tmp_path, capsys, monkeypatch):
+    from ringtrain.train import job as job_module
+
+    job = _snapshot_of_one_epoch(tmp_path / "snaps")
+    capsys.readouterr()
+    monkeypatch.setattr(job_module, "_launch", _never_launch)
+    results = tmp_path / "results.json"
+    again = TrainJob.from_json(job.to_json())
+    again = job_module.dataclasses.replace(again, nproc=2, results_json=str(results))
+    assert launch_job(again) == 0
+    out = capsys.readouterr().out
+    assert "snapshot-000000002.pt already holds 1 epoch(s) (--epochs 1): nothing left to train" in out
+    assert json.loads(results.read_text())["epochs"] == []
+
+
+@pytest.mark.parametrize(("changes", "needle"), [
+    ({"seed": 9}, "--seed 9 (the snapshot's run: --seed 3"),
+    ({"optimizer": "adam"}, "--optimizer adam (the snapshot holds the state of SGD"),
+])
+def test_a_setting_that_cannot_change_is_refused_before_any_rank_starts(tmp_path, monkeypatch, changes,
+                                                                          needle):
+    from ringtrain.train import job as job_module
+
+    job = _snapshot_of_one_epoch(tmp_path)
+    monkeypatch.setattr(job_module, "_launch", _never_launch)
+    trainer = job.trainer.replace(epochs=2, seed=changes.get("seed", job.trainer.seed))
+    again = job_module.dataclasses.replace(job, nproc=2, trainer=trainer, optimizer=changes.get("optimizer"))
+    with pytest.raises(SnapshotError) as info:
+        launch_job(again)
+    assert needle in str(info.value)
+    assert "HINT: resume with" in str(info.value)
+
+
+def test_momentum_without_sgd_is_refused(monkeypatch):
+    from ringtrain.train import job as job_module
+
+    monkeypatch.setattr(job_module, "_launch", _never_launch)
+    with pytest.raises(JobError, match=r"--momentum 0.5 has no effect on the adam optimizer \(--optimizer "
+                                       r"adam, mnist's default\)"):
+        launch_job(TrainJob(workload="mnist", momentum=0.5, nproc=2))
+    with pytest.raises(JobError, match="HINT: add --optimizer sgd, or drop --momentum"):
+        launch_job(TrainJob(workload="synthetic", optimizer="adamw", momentum=0.5, nproc=2))
 
 
 def _refuse(constant: str) -> None:

@@ -267,3 +267,17 @@ def test_an_unusable_snapshot_folder_is_refused_naming_it(tmp_path, kind):
 def test_a_writable_folder_passes_and_keeps_no_probe(tmp_path):
     SnapshotManager(tmp_path / "new" / "snaps").check_writable()
     assert list((tmp_path / "new" / "snaps").iterdir()) == []
+
+
+def test_a_lazy_load_maps_the_tensors_and_verifies_all_the_same(tmp_path):
+    manager = SnapshotManager(tmp_path)
+    path = manager.save({"model": {"w": torch.arange(6.0)}, "epoch": 2, "config": {"seed": 1}}, step=7)
+    found, body, skipped = manager.load_newest(lazy=True)
+    assert (found, skipped) == (path, [])
+    assert (body["epoch"], body["config"]) == (2, {"seed": 1})
+    assert torch.equal(body["model"]["w"], torch.arange(6.0))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedSnapshotError, match="is damaged"):
+        manager.load(path, lazy=True)

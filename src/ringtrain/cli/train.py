@@ -97,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Build the job from the flags and run it."""
     from ringtrain.engine import elastic_rendezvous
     from ringtrain.train.config import TrainerConfig
-    from ringtrain.train.job import TrainJob, input_errors, launch_job
+    from ringtrain.train.job import RankInputError, TrainJob, input_errors, launch_job
     from ringtrain.workloads import get_workload
 
     defaults = get_workload(args.workload).defaults
@@ -134,6 +134,12 @@ def run_train(args: argparse.Namespace) -> int:
                        max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
                        host_discovery_script=args.host_discovery_script)
         return launch_job(job)
+    except RankInputError as exc:
+        if not exc.reported:
+            raise UsageError(str(exc)) from None
+        # the root-cause report above shows the message and its HINT: told once, pointed at here
+        raise UsageError("the ranks stopped on bad input: see the root-cause report above (its 'error' "
+                         "line names the value and the fix).") from None
     except input_errors() as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:

@@ -240,6 +240,11 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if agents and agents[0].closed_while_finishing:
             return _node_error(spec, host, f"this node's ranks finished, but the job failed elsewhere: "
                                            f"{agents[0].closed_while_finishing}", 1)
+        if history:  # recovered: what failed would go with the ranks' log folder, so it is said here
+            from ringtrain.launch.report import format_earlier_attempts
+
+            print(format_earlier_attempts([(r.attempt, r.time, found) for r, found in history]),
+                  file=sys.stderr, flush=True)
         return 0
     except ChildFailedError as exc:
         if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):

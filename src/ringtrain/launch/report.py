@@ -3,6 +3,10 @@
 A per-host agent started by a multi-host driver does not print the report itself: it writes one
 marker line (``RINGTRAIN_FAILURE`` + JSON) on stderr, and the driver picks the earliest failure of
 all hosts and prints that one.
+
+A job that failed and recovered by a restart (``--max-restarts``) ends with a short "earlier attempts"
+section instead (:func:`format_earlier_attempts`): the ranks' log files go with the job, and the
+traceback of the failure it recovered from would be lost with them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 MARKER = "@@RINGTRAIN_FAILURE@@ "
@@ -122,4 +126,49 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
         lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
     else:
         lines.append("  (every other rank was stopped.)")
+    return "\n".join(lines)
+
+
+#: Lines of a traceback (or of a rank's last output) that the "earlier attempts" section keeps.
+EARLIER_ATTEMPT_LINES = 15
+
+
+def describe(failure: RankFailure) -> str:
+    """``rank 1 on node2 exit code 1 (RuntimeError: boom)``: one failure in one line."""
+    text = f"rank {failure.rank} on {failure.host} {failure.status()}"
+    return f"{text} ({failure.message})" if failure.message else text
+
+
+def _last_lines(text: str, keep: int) -> list[str]:
+    lines = text.rstrip().splitlines()
+    if len(lines) <= keep:
+        return lines
+    # the head of a Python traceback says what it is; its tail says where and why
+    head = lines[:1] if lines[0].startswith("Traceback") else []
+    tail = lines[-max(keep - len(head) - 1, 1):]
+    return [*head, f"  ... ({len(lines) - len(head) - len(tail)} line(s) left out)", *tail]
+
+
+def format_earlier_attempts(attempts: Sequence[tuple[int, float, Sequence[RankFailure]]],
+                            keep: int = EARLIER_ATTEMPT_LINES) -> str:
+    """The section printed when a job finished after restarts: each failed attempt's first failure,
+    with the end of its traceback (or of its last output).
+
+    ``attempts``: (attempt, when it ended, this node's failed ranks; none when another node's failure
+    restarted it), oldest first.
+    """
+    lines = [f"ringtrain run: the job finished after {len(attempts)} restart(s); earlier attempts:"]
+    for attempt, when, failures in attempts:
+        at = time.strftime("%H:%M:%S", time.localtime(when))
+        first = earliest(failures)
+        if first is None:
+            lines.append(f"  attempt {attempt} ended {at}: another node restarted its ranks")
+            continue
+        others = f" ({len(failures) - 1} other rank(s) ended after it)" if len(failures) > 1 else ""
+        lines.append(f"  attempt {attempt} ended {at}: {describe(first)}{others}")
+        detail = first.traceback or first.output_tail
+        if detail:
+            lines.extend("    " + line for line in _last_lines(detail, keep))
+        if first.hint:
+            lines.append(f"    hint: {first.hint}")
     return "\n".join(lines)

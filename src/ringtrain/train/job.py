@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ringtrain.exceptions import JobError, SnapshotError
+from ringtrain.train import resuming
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.metrics import EpochResult
 from ringtrain.train.snapshots import SnapshotManager
@@ -129,6 +130,18 @@ class TrainJob:
         return cls(**body)
 
 
+class RankInputError(JobError):
+    """Bad input met inside the ranks (the message of the lowest rank that met it).
+
+    ``reported``: the launcher's root-cause report showed it already, so the caller says no more than
+    that (a failure is told once).
+    """
+
+    def __init__(self, message: str, reported: bool = False) -> None:
+        super().__init__(message)
+        self.reported = reported
+
+
 def build_optimizer(name: str, params: Any, lr: float, momentum: float,
                     weight_decay: float) -> torch.optim.Optimizer:
     """A torch optimizer by name."""
@@ -229,17 +242,45 @@ def write_json_atomically(path: Path, body: Any) -> None:
         temp.unlink(missing_ok=True)
 
 
-def check_snapshot_dir(job: TrainJob) -> None:
-    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder or
-    none of those there can be resumed (damaged ones are skipped for older good ones)."""
+def check_snapshot_dir(job: TrainJob) -> tuple[Path, dict[str, Any]] | None:
+    """Fail early, before starting ranks, when snapshots cannot be written to the snapshot folder, none
+    of those there can be resumed (damaged ones are skipped for older good ones), or the one the ranks
+    would resume was written with settings that cannot change (``resuming.refusal``).
+
+    Returns the snapshot the ranks will resume and its body (tensors mapped from the file, not read),
+    or None when they start afresh.
+    """
     config = job.trainer
     if not config.snapshot_dir:
-        return
+        return None
     manager = SnapshotManager(config.snapshot_dir, config.keep_last)
     if config.save_every or config.save_every_steps:
         manager.check_writable()
-    if config.resume:
-        manager.load_newest()
+    if not config.resume:
+        return None
+    path, body, _ = manager.load_newest(lazy=True)  # verified as the ranks verify it
+    if path is None or body is None:
+        return None
+    problem = resuming.refusal(path, body, config.seed, resuming.OPTIMIZER_CLASSES[_optimizer_of(job)])
+    if problem:
+        raise SnapshotError(problem)
+    return path, body
+
+
+def check_optimizer_flags(job: TrainJob) -> None:
+    """``--momentum`` sets SGD's momentum; Adam and AdamW have none, and would ignore it silently."""
+    name = _optimizer_of(job)
+    if job.momentum is not None and name != "sgd":
+        default = "" if job.optimizer else f", {job.workload}'s default"
+        raise JobError(f"--momentum {job.momentum:g} has no effect on the {name} optimizer (--optimizer "
+                       f"{name}{default}): only SGD has a momentum setting. HINT: add --optimizer sgd, or "
+                       "drop --momentum.")
+
+
+def _optimizer_of(job: TrainJob) -> str:
+    from ringtrain.workloads import get_workload
+
+    return job.optimizer or get_workload(job.workload).defaults.optimizer
 
 
 #: Exit codes of a launcher stopped by a signal (128 + its number), and the signal's name.
@@ -298,7 +339,19 @@ def launch_job(job: TrainJob) -> int:
     def say_stopped(cause: str) -> None:
         print(stopped_message(job, cause), file=sys.stderr, flush=True)
 
-    check_snapshot_dir(job)
+    check_optimizer_flags(job)
+    resumed = check_snapshot_dir(job)
+    if resumed is not None and resuming.finished(resumed[1], job.trainer.epochs):
+        # said here, before any rank starts: they would only load the snapshot to find nothing to do
+        path, body = resumed
+        if os.environ.get("RANK", "0") != "0":  # a rank of `ringtrain run ... ringtrain train`: rank 0 tells
+            return 0
+        print(f"ringtrain train: {resuming.finished_message(path, body, job.trainer.epochs)}", flush=True)
+        if job.results_json:
+            write_json_atomically(Path(job.results_json), {
+                "workload": job.workload, "world_size": int(os.environ.get("WORLD_SIZE", job.nproc)),
+                "strategy": job.trainer.strategy, "epochs": [], "resumed_from": str(path)})
+        return 0
     try:
         # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
         with at_forced_exit(lambda signum: say_stopped(signal.Signals(signum).name)):
@@ -332,7 +385,8 @@ def _launch(job: TrainJob) -> int:
                                    host_discovery_script=job.host_discovery_script))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         if code != 0 and messages:
-            raise JobError(messages[0].read_text().strip())
+            raise RankInputError(messages[0].read_text().strip(),
+                                 reported=any(errors.glob("rank-*.reported")))
         return code
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -346,9 +400,14 @@ def _with_restart_snapshots(job: TrainJob, folder: Path) -> TrainJob:
     return dataclasses.replace(job, trainer=job.trainer.replace(snapshot_dir=str(folder), save_every=1))
 
 
-def write_error(folder: str | os.PathLike[str], rank: int, message: str) -> None:
-    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message)."""
+def write_error(folder: str | os.PathLike[str], rank: int, message: str, reported: bool = False) -> None:
+    """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message).
+
+    ``reported``: the launcher's root-cause report shows the message, so ``launch_job`` does not repeat it.
+    """
     path = Path(folder) / f"rank-{rank}.txt"
+    if reported:  # before the message: launch_job reads the two together once the ranks have ended
+        (Path(folder) / f"rank-{rank}.reported").touch()
     temp = path.with_name(f".{path.name}.tmp")
     try:
         temp.write_text(message + "\n")

@@ -248,28 +248,36 @@ class SnapshotManager:
                                        f"on disk). {hint}")
         return True
 
-    def load(self, path: str | os.PathLike[str], fingerprint: str | None = None) -> dict[str, Any]:
+    def load(self, path: str | os.PathLike[str], fingerprint: str | None = None,
+             lazy: bool = False) -> dict[str, Any]:
         """Read a snapshot after verifying its checksum; raises SnapshotError (naming the file and the
-        fix) when it cannot be resumed, :class:`DamagedSnapshotError` when its bytes are damaged."""
+        fix) when it cannot be resumed, :class:`DamagedSnapshotError` when its bytes are damaged.
+
+        ``lazy`` maps the tensors from the file instead of reading them (for a look at the counters and
+        settings, as the launcher takes before it starts ranks); the checksum is verified all the same.
+        """
         path = Path(path)
         if not self.verify(path):
             log.warning("%s has no checksum file (written before ringtrain checked snapshots, or the file "
                         "was removed): loading it unverified", path)
-        body = self._read(path)
+        body = self._read(path, lazy)
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise SnapshotError(f"{path} is not a ringtrain snapshot (no '{FORMAT}' marker). HINT: point "
                                 "--snapshot-dir at a folder of ringtrain snapshots, or move this file away.")
         if fingerprint is not None and body.get("fingerprint") != fingerprint:
             raise SnapshotError(
                 f"{path} was written for a different model (fingerprint {body.get('fingerprint')}, this "
-                f"model has {fingerprint}): its weights cannot be loaded. HINT: use another --snapshot-dir "
-                "for this model, or delete the old snapshots to start afresh.")
+                f"model has {fingerprint}): its weights cannot be loaded. HINT: resume with the snapshot's "
+                "model (--arch), or use another --snapshot-dir for this model, or delete the old snapshots "
+                "to start afresh.")
         return body
 
-    def _read(self, path: Path) -> Any:
+    def _read(self, path: Path, lazy: bool = False) -> Any:
         hint = (f"HINT: delete {path} to resume from the previous snapshot (or start afresh if it is the "
                 "only one).")
         try:
+            if lazy and zipfile.is_zipfile(path):  # torch maps only its zip format
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             return torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             raise SnapshotError(f"{path} does not exist. HINT: check --snapshot-dir.") from None
@@ -281,18 +289,19 @@ class SnapshotManager:
             raise DamagedSnapshotError(f"{path} is damaged, truncated or not a snapshot that loads safely "
                                        f"with weights_only=True ({type(exc).__name__}). {hint}") from None
 
-    def load_newest(self, fingerprint: str | None = None) -> tuple[Path | None, dict[str, Any] | None,
-                                                                   list[str]]:
+    def load_newest(self, fingerprint: str | None = None, lazy: bool = False) -> tuple[
+            Path | None, dict[str, Any] | None, list[str]]:
         """The newest snapshot that verifies and loads: (path, body, why each newer one was skipped).
 
         (None, None, []) when the folder holds none. Damaged snapshots are skipped for older ones;
         when every snapshot is damaged, :class:`DamagedSnapshotError` names them all. A snapshot of
-        another model (``fingerprint``) is not damage and stops the search with its error.
+        another model (``fingerprint``) is not damage and stops the search with its error. ``lazy``: as
+        for :meth:`load`.
         """
         skipped: list[str] = []
         for path in reversed(self.list()):
             try:
-                return path, self.load(path, fingerprint), skipped
+                return path, self.load(path, fingerprint, lazy), skipped
             except DamagedSnapshotError as exc:
                 skipped.append(str(exc).split(" HINT:", 1)[0])
         if skipped:

@@ -25,7 +25,7 @@ from ringtrain.engine.settings import read_knob
 from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
-from ringtrain.train import rng
+from ringtrain.train import resuming, rng
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
 from ringtrain.train.logs import MetricsLog, RankZero, init_logger
@@ -84,6 +84,10 @@ class Trainer:
         self._data = (train_data, eval_data)
         self._shard()
 
+        #: The optimizer as the caller configured it (before scaling and schedules): a snapshot records it,
+        #: and a resumed run that configures it otherwise applies its own values (see ``resume``).
+        self._optimizer_class = type(optimizer).__name__
+        self._hyperparameters = resuming.hyperparameters(optimizer.param_groups)
         self.lr_factor = float(s.world_size * config.batches_per_allreduce) if config.scale_lr else 1.0
         self._lr_world = s.world_size
         """The world size the optimizer's learning rate is scaled for."""
@@ -91,11 +95,14 @@ class Trainer:
             scale_learning_rate(optimizer, self.lr_factor)
         self.train_model, self.optimizer = s.prepare(self.model, optimizer)
         self.scheduler = None
+        self._warmup: tuple[float, int] | None = None
+        """The warm-up's factor and steps, when the scheduler is the Trainer's own warm-up."""
         if scheduler is not None:
             self.scheduler = scheduler(self.optimizer)
         elif config.warmup_epochs > 0 and self.lr_factor != 1.0:
             warmup_steps = int(round(config.warmup_epochs * self.steps_per_epoch()))
             self.scheduler = warmup_scheduler(self.optimizer, self.lr_factor, warmup_steps)
+            self._warmup = (self.lr_factor, warmup_steps)
         use_scaler = config.amp and s.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
 
@@ -116,6 +123,8 @@ class Trainer:
         self._epoch_totals = MetricTotals()
         """This rank's training totals of the current epoch (restored with a mid-epoch snapshot)."""
         self.resumed_from: Path | None = None
+        self.resume_notes: list[str] = []
+        """What resuming said: the settings applied that differ from the snapshot's run, a finished run."""
         self._elastic_state: Any = None
         """The ``TrainerState`` that commits, in elastic mode while training."""
 
@@ -164,6 +173,8 @@ class Trainer:
         if self.resumed_from is not None:
             self.out.print(f"resumed from {self.resumed_from} (epoch {self.epoch + 1}, batch "
                            f"{self.batch_in_epoch}, step {self.step})")
+            for note in self.resume_notes:
+                self.out.print(note)
         if self.elastic:
             return self._train_elastic()
         while self.epoch < c.epochs:
@@ -374,6 +385,8 @@ class Trainer:
             "rng": {key: self._gather_rows(value) for key, value in states.items()},
             "fingerprint": self.fingerprint,
             "config": {k: v for k, v in self.config.as_dict().items() if k != "snapshot_dir"},
+            "run": {"optimizer": self._optimizer_class, "hyperparameters": self._hyperparameters,
+                    "lr_factor": self.lr_factor, "train_items": self.train_loader.dataset_size},
         }
 
     def save_snapshot(self) -> Path | None:
@@ -431,9 +444,77 @@ class Trainer:
                                 "shared file system.")
         if path is None or body is None:
             return None
+        problem = resuming.refusal(path, body, self.config.seed, self._optimizer_class)
+        if problem:
+            raise SnapshotError(problem)
         self.load_state(body, path)
+        changed = resuming.config_changes(body, self.config.as_dict(), self.strategy.world_size,
+                                          self.train_loader.dataset_size)
+        changed += self._apply_hyperparameters(body)
+        self.resume_notes = []
+        if changed:
+            self.resume_notes.append("changed since the snapshot, applied: " + ", ".join(changed))
+        if resuming.finished(body, self.config.epochs):
+            self.resume_notes.append(resuming.finished_message(path, body, self.config.epochs))
         self.resumed_from = path
         return path
+
+    def _apply_hyperparameters(self, body: dict[str, Any]) -> list[str]:
+        """Give the optimizer this run's configured hyperparameters where they differ from the snapshot's
+        run (its state was just loaded with the old ones); returns a note for each difference.
+
+        The learning rate is compared as the run's base rate (configured x ``scale_lr``'s factor), and a
+        difference multiplies the current rate and the scheduler's base rates by new / old, so that a
+        schedule goes on where it was, from the new rate.
+        """
+        run = body.get("run") or {}
+        config = body.get("config") or {}
+        old_groups = run.get("hyperparameters")
+        old_factor = (float(run.get("lr_factor", 0.0))
+                      or resuming.scaled_lr_factor(config, int(body.get("world_size", 1))))
+        if old_groups is None:
+            # A snapshot of an earlier version records no configured values: its optimizer's settings are
+            # the configured ones (times the factor) unless a scheduler was changing them.
+            if body.get("scheduler") is not None:
+                self._restore_warmup()
+                return []
+            old_groups = [{**group, "lr": group["lr"] / old_factor} if "lr" in group else group
+                          for group in resuming.hyperparameters(body["optimizer"]["param_groups"])]
+        notes: list[str] = []
+        ratios = []
+        for index, (new, old) in enumerate(zip(self._hyperparameters, old_groups)):
+            group = self.optimizer.param_groups[index]
+            which = f" (group {index})" if len(self._hyperparameters) > 1 else ""
+            ratio = 1.0
+            if "lr" in new and "lr" in old:
+                if not resuming.same(new["lr"], old["lr"]):
+                    notes.append(resuming.change("lr", old["lr"], new["lr"], which))
+                before, after = old["lr"] * old_factor, new["lr"] * self.lr_factor
+                if not resuming.same(before, after) and before > 0:
+                    ratio = after / before
+                    group["lr"] *= ratio
+                    if "initial_lr" in group:
+                        group["initial_lr"] *= ratio
+            ratios.append(ratio)
+            for key, value in new.items():
+                if key != "lr" and key in old and not resuming.same(value, old[key]):
+                    notes.append(resuming.change(key, old[key], value, which))
+                    group[key] = value
+        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+            self.scheduler.base_lrs = [lr * ratio for lr, ratio in zip(self.scheduler.base_lrs, ratios)]
+        self._restore_warmup()
+        return notes
+
+    def _restore_warmup(self) -> None:
+        """The Trainer's own warm-up takes this run's factor and length again (loading the scheduler's
+        state brought back the snapshot's), and the rate follows from them at the step reached."""
+        scheduler = self.scheduler
+        if self._warmup is None or scheduler is None:
+            return
+        ramp = scheduler.lr_lambdas[0]
+        ramp.factor, ramp.warmup_steps = self._warmup
+        for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base * ramp(scheduler.last_epoch)
 
     def load_state(self, body: dict[str, Any], path: Path | str = "<state>") -> None:
         """Restore model, optimizer, scheduler, scaler, counters and RNGs from a snapshot body."""
@@ -450,23 +531,38 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError, TypeError) as exc:
             raise SnapshotError(f"{path} does not fit this model and optimizer ({exc}). HINT: use another "
                                 "--snapshot-dir, or delete the snapshots there to start afresh.") from None
-        same_layout = (int(body.get("world_size", -1)) == s.world_size
-                       and int(body.get("batch_size", -1)) == self.train_loader.batch_size)
-        if same_layout:
+        # Each rank's share of an epoch is the same list of items when the ranks and the items are: then
+        # its RNG goes on, and a position inside the epoch carries over to another batch size wherever
+        # the items done fill whole new batches.
+        same_shards = (int(body.get("world_size", -1)) == s.world_size
+                       and int((body.get("run") or {}).get("train_items", self.train_loader.dataset_size))
+                       == self.train_loader.dataset_size)
+        if same_shards:
             rng.restore({key: rows[s.rank] for key, rows in body["rng"].items()})
-            if body.get("epoch_totals") is not None and self.batch_in_epoch:
-                self._epoch_totals = MetricTotals(*(float(v) for v in body["epoch_totals"][s.rank]))
         else:
             rng.seed_everything(self.config.seed + s.rank + 7919 * self.step)
-            if self.batch_in_epoch:
+        if self.batch_in_epoch:
+            position = self._position_in(body) if same_shards else None
+            if position is None:
                 self.out.warn(f"{path} was written by {body.get('world_size')} rank(s) with batch size "
-                              f"{body.get('batch_size')}; now {s.world_size} x "
-                              f"{self.train_loader.batch_size}: "
-                              f"epoch {self.epoch + 1} restarts from its beginning.")
+                              f"{body.get('batch_size')} in the middle of epoch {self.epoch + 1}; now "
+                              f"{s.world_size} x {self.train_loader.batch_size} (accumulating "
+                              f"{self.config.batches_per_allreduce}): that position does not carry over, "
+                              f"so epoch {self.epoch + 1} restarts from its beginning.")
                 self.batch_in_epoch = 0
-        if self.epoch >= self.config.epochs and self.batch_in_epoch == 0:
-            self.out.print(f"{path} already holds {self.epoch} epoch(s) (epochs={self.config.epochs}): "
-                           "nothing left to train.")
+            else:
+                self.batch_in_epoch = position
+                if body.get("epoch_totals") is not None:
+                    self._epoch_totals = MetricTotals(*(float(v) for v in body["epoch_totals"][s.rank]))
+
+    def _position_in(self, body: dict[str, Any]) -> int | None:
+        """The snapshot's position in its epoch in batches of this run, None when it falls inside one
+        (or inside an accumulation group); the ranks' shares of the epoch are the snapshot's."""
+        done = self.batch_in_epoch * int(body.get("batch_size", self.train_loader.batch_size))
+        batches, rest = divmod(done, self.train_loader.batch_size)
+        if rest or batches % self.config.batches_per_allreduce:
+            return None
+        return batches
 
 
 def final_metric(result: EpochResult, task: str) -> float:

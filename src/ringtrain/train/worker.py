@@ -1,16 +1,20 @@
 """One rank of ``ringtrain train``: ``python -m ringtrain.train.worker --job JOB.json [--error-dir DIR]``.
 
 Started by ``ringtrain run`` (or any launcher: torchrun, srun, mpirun) on every rank.
-Bad input exits 2 with the message on stderr (and in ``DIR/rank-N.txt``); anything else is a crash
-whose traceback reaches the launcher's root-cause report.
+Bad input exits 2 with the message in ``DIR/rank-N.txt`` for ``ringtrain train``, and in the error file
+of the elastic agent that started the rank (``TORCHELASTIC_ERROR_FILE``), whence the launcher's
+root-cause report shows it once; started without such an agent, the rank prints it on stderr.
+Anything else is a crash whose traceback reaches the launcher's root-cause report.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -32,9 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_job(job)
     except input_errors() as exc:
         message = str(exc)
+        reported = report_to_agent(message, os.environ.get("TORCHELASTIC_ERROR_FILE"))
         if args.error_dir:
-            write_error(args.error_dir, rank, message)
-        print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
+            write_error(args.error_dir, rank, message, reported=reported)
+        if not reported:
+            print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         # Stopped (Ctrl-C reaches every rank): end now. A normal exit would run the destructors of the
@@ -43,6 +49,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(128 + signal.SIGINT)
     return 0
+
+
+def report_to_agent(message: str, path: str | None) -> bool:
+    """Leave ``message`` in the agent's error file (torch's layout, without a traceback: bad input is no
+    bug), where the root-cause report takes it from; returns whether it is there."""
+    if not path:
+        return False
+    body = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time())),
+                                      "time": repr(time.time())}}}
+    temp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8") as fp:
+            json.dump(body, fp)
+        os.replace(temp, path)  # whole or not at all: the agent may read it as soon as this rank exits
+    except OSError:
+        try:
+            os.remove(temp)
+        except OSError:
+            pass
+        return False
+    return True
 
 
 if __name__ == "__main__":
