@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -137,6 +138,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("--output-filename", dest="output_filename", metavar="DIR",
            help="also write each rank's output to DIR/rank.<N>/stdout and stderr")
     flag("--verbose", dest="verbose", help="print the resolved configuration and launcher steps")
+    flag("--oversubscribe", dest="oversubscribe",
+         help="run more threads (ranks x OMP_NUM_THREADS) than this machine has cores without a warning")
     flag("-cb", "--check-build", dest="check_build", help="print what this installation supports and exit")
     option("--log-level", dest="log_level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"],
            help="HOROVOD_LOG_LEVEL of the workers")
@@ -534,10 +537,16 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Entry of ``ringtrain run``: flags -> ``LaunchConfig`` -> ``launch``."""
+    """Entry of ``ringtrain run``: flags -> ``LaunchConfig`` -> checks -> ``launch``."""
     from ringtrain.launch.driver import launch
+    from ringtrain.launch.prechecks import before_launch
 
-    return launch(config_from_args(args))
+    config = config_from_args(args)
+    if not config.check_build:
+        # what the ranks would each find later (a timeline they cannot write) is refused here, once
+        for warning in before_launch(config, oversubscribe=bool(args.oversubscribe)):
+            print(f"ringtrain run: warning: {warning}", file=sys.stderr, flush=True)
+    return launch(config)
 
 
 def register(subparsers: Any) -> None:
