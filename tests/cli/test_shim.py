@@ -1,4 +1,4 @@
-"""``ringtrain shim-path``: the path alone when captured; on a terminal, also how plain python runs a script."""
+"""``ringtrain shim-path``: the path alone when captured; on a terminal, how plain python runs a script."""
 
 from __future__ import annotations
 
