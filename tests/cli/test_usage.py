@@ -84,3 +84,13 @@ def test_a_guess_names_the_dashed_spelling_of_a_flag_with_two(capsys):
     code, err = run_main(["train", "mnist", "--warmup-epoch", "1"], capsys)
     assert code == 2
     assert "did you mean --warmup-epochs?" in err
+
+
+@pytest.mark.parametrize("choices", ["'cpu', 'cuda'", "cpu, cuda"])  # quoted before Python 3.12.8, not after
+def test_an_invalid_choice_is_read_in_either_quoting(choices, capsys):
+    from ringtrain.cli.usage import HelpfulParser
+
+    parser = HelpfulParser(prog="ringtrain train")
+    with pytest.raises(SystemExit):
+        parser.error(f"argument --device: invalid choice: 'gpu' (choose from {choices})")
+    assert "HINT: did you mean cuda?" in capsys.readouterr().err

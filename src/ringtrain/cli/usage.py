@@ -110,7 +110,9 @@ class HelpfulParser(argparse.ArgumentParser):
         """What to do about an argparse error: the choice or argument meant, and where the usage is."""
         match = _INVALID_CHOICE.search(message)
         if match:
-            guess = choice_guess(match.group(1), re.findall(r"'([^']*)'", match.group(2)))
+            # newer Pythons list the choices without quotes: split, then strip any
+            choices = [c.strip().strip("'") for c in match.group(2).split(",")]
+            guess = choice_guess(match.group(1), choices)
             if guess is not None:
                 return f"did you mean {guess}? {help_pointer(self)}"
         match = _REQUIRED.search(message)
