@@ -86,7 +86,7 @@ def test_a_guess_names_the_dashed_spelling_of_a_flag_with_two(capsys):
     assert "did you mean --warmup-epochs?" in err
 
 
-@pytest.mark.parametrize("choices", ["'cpu', 'cuda'", "cpu, cuda"])  # quoted before Python 3.12.8, not after
+@pytest.mark.parametrize("choices", ["'cpu', 'cuda'", "cpu, cuda"])  # older and newer argparse
 def test_an_invalid_choice_is_read_in_either_quoting(choices, capsys):
     from ringtrain.cli.usage import HelpfulParser
 
