@@ -138,3 +138,10 @@ def test_more_ranks_than_cores_warns_once_and_trains(monkeypatch, capsys):
     monkeypatch.setenv("RINGTRAIN_OVERSUBSCRIBE", "1")
     assert main(["train", "mnist", "-np", "3"]) == 0
     assert "warning:" not in capsys.readouterr().err
+
+
+def test_fashion_mnist_files_are_named_so_for_another_workload(tmp_path):
+    folder = write_idx_folder(tmp_path / "f", FASHION_MNIST.mean)
+    problem = data_folder_problem("cifar10", str(folder))
+    assert problem.startswith(f"--data-dir {folder} holds the fashion-mnist files")
+    assert "not the cifar10 files" in problem

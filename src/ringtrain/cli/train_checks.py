@@ -101,10 +101,27 @@ def data_folder_problem(workload: str, data_dir: str | None) -> str | None:
         return _lookalike_problem(workload, found[workload], data_dir)
     others = [name for name in found if name != workload]
     if others:
-        return (f"--data-dir {data_dir} holds the {others[0]} files ({found[others[0]]}), not the {workload} "
-                f"files. HINT: train that with `ringtrain train {others[0]} --data-dir {data_dir}`, or give "
+        other = others[0]
+        if other in _IDX_SETS:  # MNIST's file names fit both: the images tell which it is
+            other = _which_idx_set(found[other]) or other
+        return (f"--data-dir {data_dir} holds the {other} files ({found[others[0]]}), not the {workload} "
+                f"files. HINT: train that with `ringtrain train {other} --data-dir {data_dir}`, or give "
                 f"--data-dir the folder that holds the {workload} files.")
     return missing or None
+
+
+#: The workloads whose files share MNIST's names and headers.
+_IDX_SETS = ("mnist", "fashion-mnist")
+
+
+def _which_idx_set(folder: Path) -> str | None:
+    """MNIST or Fashion-MNIST, whichever the images of ``folder`` look like (None if unreadable)."""
+    from ringtrain.workloads.mnist import FASHION_MNIST, MNIST
+
+    brightness = mean_brightness(folder)
+    if brightness is None:
+        return None
+    return min((MNIST, FASHION_MNIST), key=lambda spec: abs(spec.mean - brightness)).name
 
 
 def _lookalike_problem(workload: str, folder: Path, data_dir: str) -> str | None:
@@ -118,7 +135,7 @@ def _lookalike_problem(workload: str, folder: Path, data_dir: str) -> str | None
     brightness = mean_brightness(folder)
     if brightness is None:
         return None  # unreadable: the ranks report that with the file's name
-    nearest = min(specs.values(), key=lambda spec: abs(spec.mean - brightness))
+    nearest = specs[_which_idx_set(folder) or workload]
     own = specs[workload]
     if nearest is own or abs(own.mean - brightness) < BRIGHTNESS_MARGIN:
         return None
