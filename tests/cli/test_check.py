@@ -156,3 +156,13 @@ def test_a_wrong_reduction_is_reported_with_the_bad_value(ranks2) -> None:
         assert set(failed) == {"allreduce[min]"}, failed
         assert "values wrong" in failed["allreduce[min]"]
         assert "expected 0.0" in failed["allreduce[min]"]
+
+
+def test_ranks_of_ringtrain_run_name_it_as_their_environment() -> None:
+    skip_unless_collectives()
+    argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, "-m", "ringtrain", "check",
+            "--no-bandwidth"]
+    result = subprocess.run(argv, env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), capture_output=True, text=True,
+                            timeout=CHECK_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "environment: ringtrain-run, 2 rank(s)" in result.stdout

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -59,3 +62,47 @@ def test_a_usage_error_is_one_line_with_exit_2(capsys):
     err = capsys.readouterr().err
     assert err.startswith("ringtrain run: error: -np 0 must be at least 1. HINT:")
     assert "Traceback" not in err
+
+
+#: Commands that start no training: each must answer without importing torch (torch's import alone takes
+#: about 2 s on a small machine, ten times what the rest costs).
+NOT_TRAINING: list[list[str]] = [
+    ["--version"], ["--help"], ["env"], ["env", "--json"], ["shim-path"], ["shim-path", "--check"],
+    ["script", "slurm", "-N", "1", "--nproc-per-node", "2", "--", "python", "train.py"],
+    ["script", "pbs", "-N", "1", "--nproc-per-node", "2", "--", "python", "train.py"],
+    ["install-aliases", "--dir", "{tmp}"], ["install-aliases", "--dir", "{tmp}", "--remove"],
+    *([name, "--help"] for name in ("run", "check", "train", "env", "script", "shim-path", "bench",
+                                    "install-aliases")),
+    ["train", "mnist", "--bogus"],  # a usage error is found before anything heavy is needed
+]
+
+_PROBE = """
+import json, sys
+from ringtrain.cli.main import main
+try:
+    code = main(json.loads(sys.argv[1]))
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}),
+      file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv", NOT_TRAINING, ids=" ".join)
+def test_commands_that_do_not_train_do_not_import_torch(argv, tmp_path):
+    argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)], capture_output=True, text=True,
+                            timeout=120)
+    probe = json.loads(result.stderr.strip().splitlines()[-1])
+    assert probe["code"] in (0, 2, None), result.stderr
+    assert probe["torch"] == [], f"{argv} imported torch"
+
+
+def test_the_probe_sees_torch_when_a_command_imports_it(tmp_path):
+    # the same probe on a command that trains must see torch: the test above can fail
+    argv = ["train", "synthetic", "--epochs", "1", "--subset", "8", "--max-steps-per-epoch", "1",
+            "--no-progress", "--results-json", str(tmp_path / "r.json")]
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    probe = json.loads(result.stderr.strip().splitlines()[-1])
+    assert "torch" in probe["torch"], result.stderr

@@ -416,7 +416,7 @@ PUBLIC_FLAGS = {
     "--redirects", "--tee", "--local-addr", "--rdzv-conf", "--min-np", "--min-num-proc", "--max-np",
     "--max-num-proc",
     "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
-    "--blacklist-cooldown-range",
+    "--blacklist-cooldown-range", "--oversubscribe",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}
@@ -470,3 +470,50 @@ def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path):
     assert all(masks), masks
     assert not masks[0] & masks[1]
     assert masks[0] | masks[1] <= os.sched_getaffinity(0)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Record the configs ``ringtrain run`` would launch, and start nothing."""
+    import ringtrain.launch.driver as driver
+
+    launched = []
+    monkeypatch.setattr(driver, "launch", lambda config: launched.append(config) or 0)
+    return launched
+
+
+BAD_TIMELINE = "/nonexistent/t.json"
+
+
+@pytest.mark.parametrize(("argv", "environ", "source"), [
+    (["-np", "2"], {"HOROVOD_TIMELINE": BAD_TIMELINE}, f"HOROVOD_TIMELINE={BAD_TIMELINE}"),
+    (["-np", "2", "--timeline-filename", BAD_TIMELINE], {}, f"--timeline-filename {BAD_TIMELINE}"),
+    (["-np", "2", "-x", f"HOROVOD_TIMELINE={BAD_TIMELINE}"], {}, f"-x HOROVOD_TIMELINE={BAD_TIMELINE}"),
+])
+def test_a_timeline_rank_0_cannot_write_is_refused_before_any_rank(argv, environ, source, monkeypatch,
+                                                                  no_launch, capsys):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", *argv, "python", "-c", "pass"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ringtrain run: error: {source}: rank 0 could not write the timeline: the folder "
+                          "/nonexistent does not exist. HINT:")
+    assert "Traceback" not in err
+    assert no_launch == []
+
+
+def test_more_ranks_than_cores_warns_once_then_launches(monkeypatch, no_launch, capsys):
+    import ringtrain.launch.prechecks as prechecks
+
+    monkeypatch.setattr(prechecks, "usable_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(["run", "-np", "3", "python", "-c", "pass"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert "ringtrain run: warning: 3 ranks x 1 thread each = 3 threads on 2 cores" in err
+    assert "HINT: use -np 2 or fewer; --oversubscribe (RINGTRAIN_OVERSUBSCRIBE=1) silences this" in err
+    assert main(["run", "-np", "3", "--oversubscribe", "python", "-c", "pass"]) == 0
+    monkeypatch.setenv("RINGTRAIN_OVERSUBSCRIBE", "1")
+    assert main(["run", "-np", "3", "python", "-c", "pass"]) == 0
+    assert "warning:" not in capsys.readouterr().err
+    assert len(no_launch) == 3

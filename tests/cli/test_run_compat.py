@@ -316,3 +316,12 @@ def test_bad_values_exit_2_with_the_value_and_the_fix(argv, needle, capsys):
     assert needle in err
     assert "HINT:" in err
     assert "Traceback" not in err
+
+
+def test_install_aliases_says_how_a_plain_python_horovod_script_runs(tmp_path, capsys):
+    assert main(["install-aliases", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "python -m ringtrain.shim train.py" in out
+    assert "No module named 'horovod'" in out
+    assert main(["install-aliases", "--dir", str(tmp_path), "--remove"]) == 0
+    assert "ringtrain.shim" not in capsys.readouterr().out

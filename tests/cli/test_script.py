@@ -287,4 +287,9 @@ def test_parser_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as info:
         main(["script", *argv])
     assert info.value.code == 2
-    assert "usage: ringtrain script" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # one line: the error, the schedulers to choose from, and where the usage is (printed on --help only)
+    assert err.startswith("ringtrain script: error: ")
+    assert [name for name in ("slurm", "pbs", "lsf") if name not in err] == []
+    assert "`ringtrain script --help` lists the commands." in err
+    assert "usage:" not in err

@@ -182,7 +182,12 @@ def test_two_ranks_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_error_inside_a_rank_exits_2(tmp_path):
-    (tmp_path / "mnist").mkdir()  # a folder without the files: every rank fails to read the data
+    # files with the right names but not IDX data: the launcher finds them (a folder without the files is
+    # refused before any rank starts, test_train_checks.py), every rank then fails to read them
+    (tmp_path / "mnist").mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (tmp_path / "mnist" / name).write_bytes(b"not an IDX file")
     proc = _ringtrain("train", "mnist", "-np", "2", "--data-dir", str(tmp_path), "--no-progress")
     assert proc.returncode == 2, proc.stderr
     assert "ringtrain train: error:" in proc.stderr
@@ -298,6 +303,7 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
         "--no-progress", "--max-restarts", "--min-np", "--max-np", "--host-discovery-script",
+        "--oversubscribe",
     }
     for flag in dashed:
         if flag.startswith("--") and "-" in flag[2:]:

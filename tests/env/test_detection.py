@@ -11,6 +11,7 @@ from ringtrain.env import ENVIRONMENTS, detect_environment
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "r1", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+RINGTRAIN_RUN = {**TORCHRUN, "RINGTRAIN_ATTEMPT": "0"}
 HOROVOD = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2"}
 PLAIN = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 LSF = {"LSB_JOBID": "1", "JSM_NAMESPACE_RANK": "0", "JSM_NAMESPACE_SIZE": "2"}
@@ -27,7 +28,8 @@ PBS = {"PBS_JOBID": "9.server"}
 SLURM_SHELL = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
 
 #: Highest priority first, as documented in ringtrain.env.
-ORDER = [("torchrun", TORCHRUN), ("horovod", HOROVOD), ("env", PLAIN), ("lsf", LSF), ("openmpi", OMPI),
+ORDER = [("ringtrain-run", RINGTRAIN_RUN),
+         ("torchrun", TORCHRUN), ("horovod", HOROVOD), ("env", PLAIN), ("lsf", LSF), ("openmpi", OMPI),
          ("pals", PALS), ("mpich", MPICH), ("mvapich", MVAPICH), ("slurm", SLURM_STEP), ("pmix", PMIX),
          ("pbs", PBS), ("slurm-shell", SLURM_SHELL)]
 

@@ -60,14 +60,14 @@ def test_generated_slurm_script_runs_on_two_nodes(slurm_two_nodes: SlurmCluster,
     result = slurm_two_nodes.run(["sbatch", "--wait", "-o", str(output), str(job)], timeout=400, cwd=tmp_path)
     log = output.read_text() if output.exists() else "(no output file)"
     assert result.returncode == 0, f"{result.stdout}{result.stderr}\n--- job.sh:\n{job.read_text()}\n{log}"
-    assert _ranks(log) == _agreed("torchrun"), log
+    assert _ranks(log) == _agreed("ringtrain-run"), log
 
 
 def test_srun_starts_one_ringtrain_run_per_node(slurm_two_nodes: SlurmCluster, tmp_path: Path) -> None:
     result = slurm_two_nodes.run(["srun", "-N", "2", *ringtrain_argv("run", "--nproc-per-node", "1", "python",
                                                                      str(SCRIPT))], timeout=400, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert _ranks(result.stdout) == _agreed("torchrun"), result.stdout
+    assert _ranks(result.stdout) == _agreed("ringtrain-run"), result.stdout
 
 
 def test_mpirun_hands_out_the_two_hosts(netns_hosts: NamespaceHosts) -> None:
@@ -93,7 +93,7 @@ def test_horovodrun_line_across_two_hosts(netns_hosts: NamespaceHosts, tmp_path:
     result = netns_hosts.run("hostA", ["sh", "-c", f"horovodrun -np 2 -H hostA:1,hostB:1 python {SCRIPT}"],
                              timeout=400, env={"PATH": path}, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert _ranks(result.stdout) == _agreed("torchrun"), result.stdout
+    assert _ranks(result.stdout) == _agreed("ringtrain-run"), result.stdout
 
 
 def test_x_passes_the_launchers_variable_to_the_other_host(netns_hosts: NamespaceHosts) -> None:

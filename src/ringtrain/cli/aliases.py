@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ringtrain.cli.shim import PLAIN_PYTHON_NOTE
 from ringtrain.launch import aliases
 
 
@@ -34,4 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         line = f"{result.name}: {result.action} {result.path}"
         print(line + (f" ({result.note})" if result.note else ""))
+    if not args.remove:
+        # the alias covers `horovodrun ...` lines; a tutorial's bare `python train.py` is the other half
+        print(f"note: {PLAIN_PYTHON_NOTE}")
     return 0

@@ -14,8 +14,6 @@ import os
 import sys
 from typing import Any
 
-from ringtrain.env import ENVIRONMENTS, ClusterEnvironmentError, detect_environment
-
 #: Placement fields in print order, with their labels.
 _LABELS = (("rank", "rank"), ("world_size", "world size"), ("local_rank", "local rank"),
            ("local_world_size", "local world size"), ("node_rank", "node rank"), ("num_nodes", "nodes"),
@@ -37,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything ``ringtrain env`` shows, as plain data."""
+    # here, not at the top: every command builds this module's parser, and the detectors cost time
+    from ringtrain.env import ENVIRONMENTS, ClusterEnvironmentError, detect_environment
+
     environ = dict(os.environ) if environ is None else environ
     env = detect_environment(environ)
     result: dict[str, Any] = {

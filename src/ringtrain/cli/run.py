@@ -11,17 +11,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, at_least, non_negative, spellings
-from ringtrain.engine.settings import Knob, knobs
 from ringtrain.exceptions import SettingError, UsageError
-from ringtrain.launch.config import LaunchConfig
-from ringtrain.launch.elastic_hosts import check_cooldown_range
-from ringtrain.launch.hosts import parse_hostfile, parse_hosts
-from ringtrain.launch.worker_entry import is_python
+
+# The launcher's modules are imported where a launch needs them: `ringtrain --version`, `--help` and the
+# other commands that start nothing build this parser too and must stay quick.
+if TYPE_CHECKING:
+    from ringtrain.engine.settings import Knob
+    from ringtrain.launch.config import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("--output-filename", dest="output_filename", metavar="DIR",
            help="also write each rank's output to DIR/rank.<N>/stdout and stderr")
     flag("--verbose", dest="verbose", help="print the resolved configuration and launcher steps")
+    flag("--oversubscribe", dest="oversubscribe",
+         help="run more threads (ranks x OMP_NUM_THREADS) than this machine has cores without a warning")
     flag("-cb", "--check-build", dest="check_build", help="print what this installation supports and exit")
     option("--log-level", dest="log_level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"],
            help="HOROVOD_LOG_LEVEL of the workers")
@@ -233,6 +237,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
 
 def parse_cooldown_range(value: Any) -> tuple[int, int]:
     """``--blacklist-cooldown-range MIN MAX`` (or ``RINGTRAIN_COOLDOWN_RANGE="MIN MAX"``)."""
+    # imported here: the elastic host registry pulls in torch, which `ringtrain --version` must not pay for
+    from ringtrain.launch.elastic_hosts import check_cooldown_range
+
     parts = value.split() if isinstance(value, str) else list(value)
     try:
         numbers = [int(p) for p in parts]
@@ -366,6 +373,8 @@ def parse_rdzv_conf(value: str | None) -> dict[str, str]:
 
 def command_from_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
     """The command the ranks run, with ``-m`` and ``--run-path`` applied; and notes about the choice."""
+    from ringtrain.launch.worker_entry import is_python
+
     command = tuple(args.command or ())
     if command and command[0] == "--":
         command = command[1:]
@@ -411,6 +420,8 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     A value the workers' settings would refuse (``--gloo-timeout-seconds 0``) is refused here, with
     the same rule, so that no rank starts only to fail.
     """
+    from ringtrain.engine.settings import knobs
+
     engine_knobs = {knob.variable: knob for knob in knobs()}
     env: dict[str, str] = {}
     for spec in TUNING_FLAGS:
@@ -440,6 +451,9 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
+    from ringtrain.launch.config import LaunchConfig
+    from ringtrain.launch.hosts import parse_hostfile, parse_hosts
+
     command, notes = command_from_args(args)
     if not command and not args.check_build:
         raise UsageError("no command to run. HINT: write the program after the options, "
@@ -523,10 +537,16 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Entry of ``ringtrain run``: flags -> ``LaunchConfig`` -> ``launch``."""
+    """Entry of ``ringtrain run``: flags -> ``LaunchConfig`` -> checks -> ``launch``."""
     from ringtrain.launch.driver import launch
+    from ringtrain.launch.prechecks import before_launch
 
-    return launch(config_from_args(args))
+    config = config_from_args(args)
+    if not config.check_build:
+        # what the ranks would each find later (a timeline they cannot write) is refused here, once
+        for warning in before_launch(config, oversubscribe=bool(args.oversubscribe)):
+            print(f"ringtrain run: warning: {warning}", file=sys.stderr, flush=True)
+    return launch(config)
 
 
 def register(subparsers: Any) -> None:

@@ -2,7 +2,7 @@
 
 Each scheduler takes its own words for where the job goes (Slurm: ``--partition``/``-p`` and
 ``--qos``/``-q``; PBS and LSF: ``--queue``/``-q``); another scheduler's word is refused with the right
-one, and any unknown option exits 2 with a hint, like every other bad value.
+one, and any unknown option exits 2 with a hint, like every other bad value (:class:`HelpfulParser`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any, NoReturn
 
+from ringtrain.cli.usage import HelpfulParser
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.scripts import MAIL_EVENTS, JobScript, render
 
@@ -31,21 +31,6 @@ _FOREIGN = {
 }
 
 
-class ScriptParser(argparse.ArgumentParser):
-    """An argparse parser whose errors (unknown options, bad types) end with a HINT, as usage errors do."""
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        # An unknown option is this command's error (with the hint), not left to the top-level parser.
-        namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}. HINT: `{self.prog} --help` lists the options.\n")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``script`` subcommand, with one sub-command per scheduler."""
     parser = subparsers.add_parser(
@@ -55,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--nodes 2 --nproc-per-node 4 --time 01:00:00 -- python3 train.py --epochs 5 > job.sh; "
                     "sbatch job.sh")
     schedulers = parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True,
-                                       parser_class=ScriptParser)
+                                       parser_class=HelpfulParser)
     for name in ("slurm", "pbs", "lsf"):
         sub = schedulers.add_parser(name, help=f"print {_WHAT[name]}",
                                     description=f"Print {_WHAT[name]}; submit it with `{_SUBMIT[name]}`.")

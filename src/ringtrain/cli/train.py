@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ringtrain.cli.options import EnvFlag, spellings
 from ringtrain.cli.options import number as _float
-from ringtrain.cli.options import spellings
 from ringtrain.cli.options import whole_number as _int
 from ringtrain.exceptions import UsageError
 
@@ -25,6 +25,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
     p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int, default=1,
                    help="ranks on this machine (1)")
+    p.add_argument("--oversubscribe", action=EnvFlag,
+                   help="run more threads (ranks x --threads) than this machine has cores without a warning")
     p.add_argument(*spellings("--max-restarts"), type=_int, default=0,
                    help="restart every rank up to N times when one fails; training resumes from the last "
                         "snapshot (0)")
@@ -95,6 +97,7 @@ def register(subparsers: Any) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Build the job from the flags and run it."""
+    from ringtrain.cli.train_checks import check_before_training
     from ringtrain.engine import elastic_rendezvous
     from ringtrain.train.config import TrainerConfig
     from ringtrain.train.job import RankInputError, TrainJob, input_errors, launch_job
@@ -133,6 +136,7 @@ def run_train(args: argparse.Namespace) -> int:
                        weight_decay=args.weight_decay, results_json=args.results_json,
                        max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
                        host_discovery_script=args.host_discovery_script)
+        check_before_training(job, oversubscribe=bool(args.oversubscribe))
         return launch_job(job)
     except RankInputError as exc:
         if not exc.reported:

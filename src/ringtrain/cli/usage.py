@@ -1,10 +1,11 @@
-"""An argparse parser that answers a mistake with the right usage and a guess at what was meant.
+"""An argparse parser that answers a mistake with one line: the error, then a guess at what was meant.
 
-Every ``ringtrain`` subcommand is built with :class:`HelpfulParser`: an unknown flag is reported with
-the subcommand's own usage (not the top-level one) and, when a known flag is close enough,
-``HINT: did you mean --batch-size?``. Abbreviations of long flags are refused: in a launcher whose
-command follows its flags, a prefix that happens to be unique today would silently change meaning
-when a flag is added.
+Every ``ringtrain`` subcommand is built with :class:`HelpfulParser`: an unknown flag is reported by the
+subcommand itself and, when a known flag is close enough, ``HINT: did you mean --batch-size?``. The
+usage is printed on request only (``--help``): 20-40 lines of it before the one useful line bury the
+hint, so the error line points to ``--help`` instead. Abbreviations of long flags are refused: in a
+launcher whose command follows its flags, a prefix that happens to be unique today would silently
+change meaning when a flag is added.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+_REQUIRED = re.compile(r"the following arguments are required: (.*)$")
+#: Words people write for a choice that has another name here (``--device gpu`` means ``cuda``): a
+#: spelling guess would offer ``cpu``, the opposite of what was meant.
+SYNONYMS: dict[str, str] = {"gpu": "cuda", "gpus": "cuda", "nvidia": "cuda", "cuda:0": "cuda"}
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
@@ -28,16 +33,37 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     key = word.lstrip("-").replace("_", "-")
     if key in normal:
         return normal[key]
-    found = difflib.get_close_matches(word, pool, n=1, cutoff=0.6)
-    if not found:
-        found = [normal[m] for m in difflib.get_close_matches(key, list(normal), n=1, cutoff=0.6)]
+    # without the dashes: "--" shared by every flag would make "--bogus" look like "--qos"
+    found = [normal[m] for m in difflib.get_close_matches(key, list(normal), n=1, cutoff=0.6)]
     return found[0] if found else None
 
 
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every flag ``parser`` knows, hidden ones and ``-h`` left out."""
-    return [o for action in parser._actions if action.help != argparse.SUPPRESS
-            for o in action.option_strings if o not in ("-h", "--help")]
+    """Every flag ``parser`` knows, hidden ones and ``-h`` left out; a snake_case spelling only where
+    its action has no dashed one (a guess names the documented spelling)."""
+    found = []
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS:
+            continue
+        names = [o for o in action.option_strings if o not in ("-h", "--help")]
+        dashed = {o.replace("_", "-") for o in names if "_" not in o}
+        found += [o for o in names if "_" not in o or o.replace("_", "-") not in dashed]
+    return found
+
+
+def help_pointer(parser: argparse.ArgumentParser) -> str:
+    """The sentence that replaces a printed usage: where the usage is, on request."""
+    what = "commands" if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions) \
+        else "options"
+    return f"`{parser.prog} --help` lists the {what}."
+
+
+def choice_guess(word: str, choices: Sequence[str]) -> str | None:
+    """The choice meant by ``word``: a known synonym (``gpu`` -> ``cuda``), else the closest spelling."""
+    synonym = SYNONYMS.get(word.strip().lower())
+    if synonym is not None and synonym in choices:
+        return synonym
+    return did_you_mean(word, choices)
 
 
 def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
@@ -51,7 +77,7 @@ def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]
         guess = did_you_mean(flag, known)
         if guess is not None:
             return f"{message}. HINT: did you mean {guess}?"
-        return f"{message}. HINT: see the flags above (ringtrain {parser.prog.split()[-1]} --help)."
+        return f"{message}. HINT: {help_pointer(parser)}"
     return message
 
 
@@ -73,10 +99,27 @@ class HelpfulParser(argparse.ArgumentParser):
         return parsed, extras
 
     def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE. HINT: ...`` and exit 2; the usage only comes with ``--help``."""
+        if "HINT:" not in message:
+            message += f". HINT: {self._hint(message)}"
+        elif help_pointer(self) not in message:
+            message += f" {help_pointer(self)}"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _hint(self, message: str) -> str:
+        """What to do about an argparse error: the choice or argument meant, and where the usage is."""
         match = _INVALID_CHOICE.search(message)
-        if match and "HINT:" not in message:
-            choices = re.findall(r"'([^']*)'", match.group(2))
-            guess = did_you_mean(match.group(1), choices)
+        if match:
+            # newer Pythons list the choices without quotes: split, then strip any
+            choices = [c.strip().strip("'") for c in match.group(2).split(",")]
+            guess = choice_guess(match.group(1), choices)
             if guess is not None:
-                message += f". HINT: did you mean {guess}?"
-        super().error(message)
+                return f"did you mean {guess}? {help_pointer(self)}"
+        match = _REQUIRED.search(message)
+        if match:
+            missing = [a for a in self._actions if a.choices and not a.option_strings
+                       and (a.metavar or a.dest) in match.group(1).split(", ")]
+            if missing:
+                name, choices = missing[0].metavar or missing[0].dest, map(str, missing[0].choices)
+                return f"give the {name}, one of {', '.join(choices)}. {help_pointer(self)}"
+        return help_pointer(self)

@@ -2,7 +2,8 @@
 
 Detection order (the first class whose ``detect`` is true wins):
 
-1. ``torchrun``: ``TORCHELASTIC_RUN_ID`` and ``RANK`` (also ``ringtrain run``'s workers);
+0. ``ringtrain-run``: ``ringtrain run``'s workers: torchrun's variables plus ``RINGTRAIN_ATTEMPT``;
+1. ``torchrun``: ``TORCHELASTIC_RUN_ID`` and ``RANK``;
 2. ``horovod``: ``HOROVOD_RANK`` and ``HOROVOD_SIZE`` (horovodrun's gloo workers);
 3. ``env``: plain env://, ``RANK`` and ``WORLD_SIZE`` set by hand or by a platform;
 4. ``lsf``: jsrun's ``JSM_NAMESPACE_*`` in an LSF job;
@@ -45,6 +46,7 @@ from ringtrain.env.mpi import (
     PmixEnvironment,
 )
 from ringtrain.env.pbs import PbsEnvironment, hosts_from_nodefile
+from ringtrain.env.ringtrain_run import RingtrainRunEnvironment
 from ringtrain.env.single import SingleProcessEnvironment
 from ringtrain.env.slurm import (
     SlurmEnvironment,
@@ -57,6 +59,7 @@ from ringtrain.exceptions import ClusterEnvironmentError
 
 #: Detection order; the first class whose ``detect`` is true wins.
 ENVIRONMENTS: list[type[ClusterEnvironment]] = [
+    RingtrainRunEnvironment,
     TorchElasticEnvironment,
     HorovodEnvironment,
     EnvVarsEnvironment,
@@ -97,6 +100,7 @@ __all__ = [
     "PbsEnvironment",
     "Placement",
     "PmixEnvironment",
+    "RingtrainRunEnvironment",
     "SingleProcessEnvironment",
     "SlurmEnvironment",
     "SlurmShellEnvironment",
