@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 import ringtrain as hvd
 from ringtrain.workloads import get_workload
-from ringtrain.workloads.errors import DataError
+from ringtrain.exceptions import DataError
 
 try:  # TensorBoard is optional: without it the script trains and just logs nothing.
     from torch.utils.tensorboard import SummaryWriter

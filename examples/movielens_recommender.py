@@ -28,7 +28,7 @@ import ringtrain as hvd
 from ringtrain.workloads import get_workload
 from ringtrain.workloads.base import Workload
 from ringtrain.workloads.dataset import TensorPairDataset
-from ringtrain.workloads.errors import DataError
+from ringtrain.exceptions import DataError
 
 
 def parse_args() -> argparse.Namespace:

@@ -82,7 +82,7 @@ def data_folder_problem(workload: str, data_dir: str | None) -> str | None:
     workload's data. None when it serves, or when there is nothing to check."""
     if data_dir is None or not Path(data_dir).expanduser().is_dir():
         return None  # no folder given; a missing one is refused by the job itself
-    from ringtrain.workloads.errors import DataError
+    from ringtrain.exceptions import DataError
     from ringtrain.workloads.sources import locate
 
     tables = _file_tables()

@@ -5,7 +5,7 @@ so after a restart the workers read the keys of the dead attempt; nodes that wer
 different settings only find out when a 120 s timeout ends. This handler (backend ``"ringtrain"``,
 used by ``ringtrain run`` wherever it would have used ``static``) fixes both:
 
-* The node agents meet on the job's key-value store (:mod:`ringtrain.engine.jobstore`, hosted by
+* The node agents meet on the job's key-value store (:mod:`ringtrain.engine.job_store`, hosted by
   node 0's agent; see :mod:`ringtrain.launch.store_host`). Every call of :meth:`next_rendezvous`
   is a new *round* with keys of its own (``rdzv/round<k>/...``), and the store it returns to the
   agent is prefixed by run id and round, so nothing of a dead attempt is ever read again.
@@ -389,7 +389,7 @@ def wait_for_acknowledgements(store: JobStore, nodes: int, limit: float) -> None
 
 def create_handler(params: RendezvousParameters) -> RingtrainRendezvous:
     """torch's registry calls this: ``params.config`` carries ``job_store`` (a connected
-    :class:`~ringtrain.engine.jobstore.JobStore`), ``view`` (this node's :class:`NodeView`),
+    :class:`~ringtrain.engine.job_store.JobStore`), ``view`` (this node's :class:`NodeView`),
     ``bootstrap_host``, and optionally ``timeout`` and ``node_timeout`` in seconds.
 
     ``ringtrain run`` fills them in; the store's address and secret never go through the registry's
