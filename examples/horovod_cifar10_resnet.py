@@ -32,8 +32,8 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 import ringtrain as hvd
-from ringtrain.workloads import get_workload
 from ringtrain.exceptions import DataError
+from ringtrain.workloads import get_workload
 
 try:  # TensorBoard is optional: without it the script trains and just logs nothing.
     from torch.utils.tensorboard import SummaryWriter

@@ -25,10 +25,10 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import ringtrain as hvd
+from ringtrain.exceptions import DataError
 from ringtrain.workloads import get_workload
 from ringtrain.workloads.base import Workload
 from ringtrain.workloads.dataset import TensorPairDataset
-from ringtrain.exceptions import DataError
 
 
 def parse_args() -> argparse.Namespace:
