@@ -156,8 +156,9 @@ def table_text(body: dict[str, Any]) -> str:
         time_value = r.get("seconds_per_epoch") if per_epoch else r.get("seconds_per_step") if has_items \
             else r.get("net_wall_seconds") if net_wall else r.get("wall_seconds")
         speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x"
-        if r.get("speedup_from") == "wall time" and r.get("speedup") is not None:
-            speedup += " (wall)"
+        if r.get("speedup") is not None:
+            speedup += {"wall time": " (wall)", "wall time minus start-up": " (net wall)"}.get(
+                r.get("speedup_from", ""), "")
         line = [str(r["np"]), r["strategy"], _seconds(time_value),
                 *([_seconds(r.get("step_seconds_p95"))] if has_tail else []),
                 "-" if r.get("items_per_second") is None else f"{r['items_per_second']:,.1f}",
@@ -171,8 +172,10 @@ def table_text(body: dict[str, Any]) -> str:
     lines = heading(body) + [""] + _align(table, right=right)
     lines.append("")
     lines += timing_lines(body)
-    lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
-                 "processes); spread: (max - min) / median over the repeats"
+    lines.append("speedup and efficiency: " + ("items/s over the single-process baseline's" if has_items else
+                                                "the single-process baseline's time over this row's")
+                 + " (efficiency = speedup / processes); spread: (max - min) / median over the repeats"
+                 + ("; ! above 20%" if any(r.get("unsteady") for r in rows) else "")
                  + ("; p95 step: 95th percentile of every rank's step times" if has_tail else "")
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
     for r in rows:

@@ -10,7 +10,8 @@ than it does. The sweep therefore runs::
 the same way as the script (a plain process at one process, ``ringtrain run -np N`` at N, with the
 same environment): it imports what the script imports at module level (its top-level ``import`` and
 ``from ... import`` statements, also those in top-level ``try`` blocks), joins the job's process
-group when it is a rank of one, and exits. Its wall time is the start-up the table subtracts. What a
+group when it is a rank of one and the script sets one up (its source calls ``init_process_group``
+or ``.init(``, as ``hvd.init()``), and exits. Its wall time is the start-up the table subtracts. What a
 script does after its imports before training (reading data, building the model) stays in, which is
 why a script that can should report (:mod:`ringtrain.bench.hook`).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -79,6 +81,11 @@ def _is_rank() -> bool:
         return False
 
 
+def sets_up_process_group(source: str) -> bool:
+    """True when the script's source starts a process group (torch's or Horovod's ``init``)."""
+    return re.search(r"\binit_process_group\s*\(|\.init\s*\(", source) is not None
+
+
 def main(args: list[str]) -> int:
     if not args:
         print("usage: python -m ringtrain.bench.startup SCRIPT [ARGS] | -m MODULE [ARGS]", file=sys.stderr)
@@ -100,7 +107,7 @@ def main(args: list[str]) -> int:
         print(f"ringtrain.bench.startup: the script's imports failed: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return EXIT_CANNOT
-    if _is_rank():  # the ranks' rendezvous is start-up too
+    if _is_rank() and sets_up_process_group(source):  # the ranks' rendezvous is start-up too
         from ringtrain.mpi_ops import barrier, init, shutdown
 
         init()
