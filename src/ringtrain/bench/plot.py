@@ -126,7 +126,9 @@ def figure(body: dict[str, Any]) -> Any:
     efficiency_ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
     if any_model:  # one legend entry for all the model's crosses (each in its strategy's colour)
         efficiency_ax.plot([], [], linestyle="none", marker="x", color="black", label="cost model")
-    throughput_ax.set_ylabel("items/s, all processes" if has_items else "speedup (wall time)")
+    net = any(r.get("speedup_from") == "wall time minus start-up" for r in rows)
+    throughput_ax.set_ylabel("items/s, all processes" if has_items else
+                             "speedup (wall time minus start-up)" if net else "speedup (wall time)")
     throughput_ax.set_title("throughput" if has_items else "speedup")
     efficiency_ax.set_ylabel("parallel efficiency (speedup / processes)")
     efficiency_ax.set_title("efficiency")
