@@ -18,14 +18,21 @@ def test_a_built_in_sweep_is_estimated_from_the_plan():
                              warmup_steps=5, repeats=3, link_probe=False)
     runs = plan_runs(settings, threads=1)
     timing = WorkloadTiming(items=10_000, batch=64, load_s=2.0, step_s=0.1)
-    # 3 baselines: 1 + 2 s start-up + (45 + 5 phase) steps x 0.1 s; 3 launched: 1 + 2 + 4 s + 45 x 0.1 s
+    # 3 baselines: start-up 3 s of imports (the default) + 2 s loading, then (45 + 5 phase) steps x 0.1 s;
+    # 3 launched: the ranks' 3 + 2 s, the launcher's 3 s, 2 s rendezvous, then 45 x 0.1 s
     # (2 ranks x 1 thread on 2 cores: no slow-down)
-    expected = 3 * (3.0 + 5.0) + 3 * (7.0 + 4.5)
+    expected = 3 * (5.0 + 5.0) + 3 * (10.0 + 4.5)
     assert sweep_seconds(settings, runs, timing, threads=1, cores=2) == pytest.approx(expected)
     line = plan_line(settings, runs, timing, threads=1, cores=2)
     assert "estimate (not a measurement)" in line
     assert "6 run(s)" in line
     assert "100.0 ms a step, measured here" in line
+    assert "3 s to import torch and the Trainer, a default" in line
+    timing.import_s = 6.0  # measured: the start-up of every run grows with it
+    more = 3 * 3 + 3 * 6  # 3 s more for each baseline, twice that for each launched run
+    assert sweep_seconds(settings, runs, timing, threads=1, cores=2) == pytest.approx(expected + more)
+    assert "6.0 s to import torch and the Trainer, measured" in plan_line(settings, runs, timing, 1, 2)
+    timing.import_s = None
     # oversubscribed: 2 ranks x 2 threads on 2 cores take twice as long a step
     assert sweep_seconds(settings, runs, timing, threads=2, cores=2) > expected
 
@@ -57,3 +64,12 @@ def test_the_first_run_rescales_a_built_in_estimate():
     line = after_first_line(runs[0], 2 * first, runs[1:], settings, timing, 1, 2)
     assert f"about {duration(2 * rest)}" in line
     assert "x 2.00" in line
+
+
+def test_the_import_timer_times_a_fresh_interpreter():
+    import sys
+
+    seconds = estimate.import_seconds(estimate.start_import_timer(sys.executable))
+    assert seconds is not None
+    assert seconds > 0
+    assert estimate.import_seconds(estimate.start_import_timer("/no/such/python")) is None

@@ -2,15 +2,21 @@
 
 An estimate, not a promise: runs x (start-up + steps x time per step x the machine's oversubscription).
 For a built-in workload the time per step is measured here on one batch (the model's forward,
-backward and optimizer step, with the threads of one process) and start-up is what loading the
-workload took here plus ``INTERPRETER_S``, with ``LAUNCH_OVERHEAD_S`` more for a run started by
-``ringtrain run``; the link probe counts ``LINK_PROBE_S``. A script's duration is unknown until its
-first run; after the first run, every estimate is rescaled by what that run really took.
+backward and optimizer step, with the threads of one process). Start-up is measured too: a fresh
+interpreter importing what a run imports (``import_s``, timed in a child process while the step is
+timed here) plus what loading the workload took here. A run started by ``ringtrain run`` adds the
+launcher's own start (``import_s`` again), its ranks importing side by side on the cores (slower
+when they outnumber them) and ``LAUNCH_OVERHEAD_S`` for the rendezvous; the link probe counts
+``LINK_PROBE_S``. A script's duration is unknown until its first run; after the first run, every
+estimate is rescaled by what that run really took.
 """
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +25,10 @@ from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec
 
 DEFAULT_STEP_S = 0.05
 """Seconds per step when the step could not be timed here (a default, said as such)."""
-INTERPRETER_S = 1.0
-"""Start of a Python process before it imports anything heavy (a default)."""
-LAUNCH_OVERHEAD_S = 4.0
-"""What ``ringtrain run`` adds to a run: its own start, starting the ranks, their rendezvous (a default)."""
+DEFAULT_IMPORT_S = 3.0
+"""A fresh interpreter importing torch and the Trainer, when it could not be timed (a default)."""
+LAUNCH_OVERHEAD_S = 2.0
+"""The ranks' rendezvous under ``ringtrain run`` (a default)."""
 LINK_PROBE_S = 20.0
 """The link probe, when the model needs it (a default)."""
 BASELINE_PHASE_STEPS = 5
@@ -39,6 +45,34 @@ class WorkloadTiming:
     load_s: float
     step_s: float | None
     """None: not measured (the default is used)."""
+    import_s: float | None = None
+    """A fresh interpreter importing what a run imports; None: not measured (the default is used)."""
+
+
+def start_import_timer(python: str = sys.executable) -> tuple[subprocess.Popen[bytes], float] | None:
+    """Start timing a fresh interpreter that imports what a built-in run imports (collect it with
+    :func:`import_seconds`); None when it cannot start."""
+    try:
+        proc = subprocess.Popen([python, "-c", "import ringtrain.bench.worker"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    except OSError:
+        return None
+    return proc, time.perf_counter()
+
+
+def import_seconds(timer: tuple[subprocess.Popen[bytes], float] | None,
+                   timeout_s: float = 120.0) -> float | None:
+    """The seconds the timer's interpreter took, or None when it failed or took too long."""
+    if timer is None:
+        return None
+    proc, start = timer
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    return time.perf_counter() - start if code == 0 else None
 
 
 def time_step(workload: Any, train_ds: Any, model: Any, batch: int, threads: int) -> float | None:
@@ -79,7 +113,10 @@ def run_seconds(settings: BenchSettings, run: RunSpec, timing: WorkloadTiming, t
         steps = settings.warmup_steps + (settings.timed_steps() or 0)
     if run.strategy == BASELINE:
         steps += BASELINE_PHASE_STEPS
-    startup = INTERPRETER_S + timing.load_s + (0.0 if run.plain else LAUNCH_OVERHEAD_S)
+    import_s = timing.import_s if timing.import_s is not None else DEFAULT_IMPORT_S
+    startup = import_s * (1.0 if run.plain else max(1.0, ranks_here / max(1, cores))) + timing.load_s
+    if not run.plain:  # the launcher starts first, then its ranks meet
+        startup += import_s + LAUNCH_OVERHEAD_S
     if settings.scaling == "strong":  # the global batch split over the processes: smaller steps
         step_s /= run.np
     return startup + steps * step_s * slowdown
@@ -111,10 +148,13 @@ def plan_line(settings: BenchSettings, runs: Sequence[RunSpec], timing: Workload
     total = sweep_seconds(settings, runs, timing, threads, cores)
     step = (f"{timing.step_s * 1000:.1f} ms a step, measured here on one batch" if timing.step_s is not None
             else f"{DEFAULT_STEP_S * 1000:.0f} ms a step, a default (the step could not be timed here)")
+    start = (f"{timing.import_s:.1f} s to import torch and the Trainer, measured"
+             if timing.import_s is not None
+             else f"{DEFAULT_IMPORT_S:.0f} s to import torch and the Trainer, a default")
     steps = f"{settings.epochs} epoch(s)" if settings.epochs is not None else \
         f"{settings.warmup_steps}+{settings.timed_steps()} steps"
     return (f"bench: estimate (not a measurement): about {duration(total)} for {len(runs)} run(s) x "
-            f"{steps} at {step}, plus start-up"
+            f"{steps} at {step}, plus start-up ({start})"
             + (" and the link probe" if settings.probes_link else ""))
 
 

@@ -16,7 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ringtrain.bench.estimate import WorkloadTiming, after_first_line, plan_line, time_step
+from ringtrain.bench.estimate import (
+    WorkloadTiming,
+    after_first_line,
+    import_seconds,
+    plan_line,
+    start_import_timer,
+    time_step,
+)
 from ringtrain.bench.hook import TAG, parse_output
 from ringtrain.bench.link import fit_link
 from ringtrain.bench.machine import describe_machine
@@ -41,6 +48,7 @@ def check_workload(settings: BenchSettings, threads: int = 1) -> WorkloadTiming 
     from ringtrain.train.job import input_errors
     from ringtrain.workloads import get_workload
 
+    importer = start_import_timer()  # a fresh interpreter's imports, timed alongside what follows
     start = time.perf_counter()
     try:
         workload = get_workload(settings.workload or "")
@@ -60,8 +68,9 @@ def check_workload(settings: BenchSettings, threads: int = 1) -> WorkloadTiming 
                 raise UsageError(f"--np {n} with a batch of {per_rank_batch} per process needs "
                                  f"{per_rank_batch * n} training items; {settings.workload} has "
                                  f"{len(train_ds)}. HINT: lower --batch-size or raise --subset.")
-    return WorkloadTiming(items=len(train_ds), batch=batch, load_s=load_s,
-                          step_s=time_step(workload, train_ds, model, batch, threads))
+    step_s = time_step(workload, train_ds, model, batch, threads)
+    return WorkloadTiming(items=len(train_ds), batch=batch, load_s=load_s, step_s=step_s,
+                          import_s=import_seconds(importer))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
