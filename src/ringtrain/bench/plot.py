@@ -168,7 +168,9 @@ def figure(body: dict[str, Any]) -> Any:
     machine = body.get("machine") or {}
     link = body.get("link") or {}
     where = f"; link: {link['note']}" if link.get("note") else ""
-    fig.suptitle(f"ringtrain bench: {title} ({settings.get('scaling', '')} scaling) on "
+    # a script scales as it does itself: only a built-in workload's sweep chose weak or strong
+    scaling = f" ({settings.get('scaling', '')} scaling)" if settings.get("workload") else ""
+    fig.suptitle(f"ringtrain bench: {title}{scaling} on "
                  f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{where}", fontsize="medium")
     return fig
 
