@@ -75,6 +75,13 @@ def import_seconds(timer: tuple[subprocess.Popen[bytes], float] | None,
     return time.perf_counter() - start if code == 0 else None
 
 
+def stop_import_timer(timer: tuple[subprocess.Popen[bytes], float] | None) -> None:
+    """Stop the timer's interpreter (the sweep will not run)."""
+    if timer is not None and timer[0].poll() is None:
+        timer[0].kill()
+        timer[0].wait()
+
+
 def time_step(workload: Any, train_ds: Any, model: Any, batch: int, threads: int) -> float | None:
     """Seconds of one training step of ``model`` on one batch, with ``threads`` torch threads; None
     when the batch cannot be built here (the estimate then uses ``DEFAULT_STEP_S``)."""

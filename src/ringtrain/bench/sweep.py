@@ -22,6 +22,7 @@ from ringtrain.bench.estimate import (
     import_seconds,
     plan_line,
     start_import_timer,
+    stop_import_timer,
     time_step,
 )
 from ringtrain.bench.hook import TAG, parse_output
@@ -55,19 +56,24 @@ def check_workload(settings: BenchSettings, threads: int = 1) -> WorkloadTiming 
         train_ds, _ = workload.datasets(data_dir=settings.data_dir, subset=settings.subset,
                                         seed=settings.seed)
         model = workload.model(settings.arch)
+        load_s = time.perf_counter() - start
+        batch = settings.batch_size or workload.defaults.batch_size
+        if settings.epochs is None:
+            for n in settings.nps:
+                per_rank_batch = batch // n if settings.scaling == "strong" else batch
+                if math.ceil(len(train_ds) / n) < max(1, per_rank_batch):
+                    raise UsageError(f"--np {n} with a batch of {per_rank_batch} per process needs "
+                                     f"{per_rank_batch * n} training items; {settings.workload} has "
+                                     f"{len(train_ds)}. HINT: lower --batch-size or raise --subset.")
     except input_errors() as exc:
+        stop_import_timer(importer)
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an unknown --arch
+        stop_import_timer(importer)
         raise UsageError(str(exc).replace("arch=", "--arch ")) from None
-    load_s = time.perf_counter() - start
-    batch = settings.batch_size or workload.defaults.batch_size
-    if settings.epochs is None:
-        for n in settings.nps:
-            per_rank_batch = batch // n if settings.scaling == "strong" else batch
-            if math.ceil(len(train_ds) / n) < max(1, per_rank_batch):
-                raise UsageError(f"--np {n} with a batch of {per_rank_batch} per process needs "
-                                 f"{per_rank_batch * n} training items; {settings.workload} has "
-                                 f"{len(train_ds)}. HINT: lower --batch-size or raise --subset.")
+    except BaseException:  # nothing will run: the timer's interpreter has nothing left to tell
+        stop_import_timer(importer)
+        raise
     step_s = time_step(workload, train_ds, model, batch, threads)
     return WorkloadTiming(items=len(train_ds), batch=batch, load_s=load_s, step_s=step_s,
                           import_s=import_seconds(importer))
