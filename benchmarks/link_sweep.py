@@ -58,7 +58,7 @@ def bench_argv(workload: str, steps: int, warmup: int, repeats: int, out: Path,
     args, _ = WORKLOADS[workload]
     return [sys.executable, "-m", "ringtrain", "bench", *args, "--steps", str(steps), "--warmup-steps",
             str(warmup), "--repeats", str(repeats), "--threads", "1", "--out", str(out), "--no-progress",
-            *extra]
+            "--project", "--validate", *extra]
 
 
 def run_logged(argv: list[str], log: Path, timeout: float) -> int:

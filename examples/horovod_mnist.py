@@ -1,13 +1,21 @@
 """Horovod's PyTorch MNIST tutorial, step by step, as an unmodified Horovod script.
 
-It imports ``horovod.torch`` and nothing from ringtrain, so it runs under real Horovod too
+It trains with ``horovod.torch`` alone, so it runs under real Horovod too
 (``horovodrun -np 2 python horovod_mnist.py --data-dir DIR``). On ringtrain::
 
-    ringtrain run -np 2 python examples/horovod_mnist.py --data-dir ../shared/data/mnist
-    python examples/horovod_mnist.py --num-proc 2 --data-dir ../shared/data/mnist   # horovod.run
+    ringtrain run -np 2 python examples/horovod_mnist.py --epochs 2
+    python examples/horovod_mnist.py --num-proc 2 --epochs 2                # horovod.run
+    ringtrain bench --np 1,2 -- python examples/horovod_mnist.py --epochs 2 # the scaling table
 
 The data are the four MNIST IDX ``.gz`` files (train/t10k images and labels) read with gzip and
-numpy, so neither torchvision nor a download is needed.
+numpy, so neither torchvision nor a download is needed. ``--data-dir DIR`` points at them; where DIR
+(default ``./data``) does not hold them, the script says so and uses the real 10k/2k MNIST subset
+that ringtrain embeds (it needs ringtrain installed then, not a download).
+
+Two small additions to the tutorial, both optional at run time: the embedded-data fallback above,
+and one ``RINGTRAIN_BENCH`` line per epoch and rank (items, steps and seconds of its training, not
+of start-up or testing) through ``ringtrain.bench.report``, which ``ringtrain bench`` times the
+script by (docs/bench.md). Without ringtrain installed, neither happens.
 
 The eight steps of the Horovod tutorial are marked ``# Step N`` below.
 """
@@ -15,6 +23,8 @@ The eight steps of the Horovod tutorial are marked ``# Step N`` below.
 import argparse
 import gzip
 import os
+import sys
+import time
 
 import horovod
 import horovod.torch as hvd
@@ -47,7 +57,9 @@ def parse_args(argv=None):
     parser.add_argument("--use-adasum", action="store_true", default=False, help="use adasum algorithm")
     parser.add_argument("--gradient-predivide-factor", type=float, default=1.0,
                         help="apply gradient predivide factor in optimizer")
-    parser.add_argument("--data-dir", default="./data", help="folder with the MNIST IDX .gz files")
+    parser.add_argument("--data-dir", default="./data",
+                        help="folder with the MNIST IDX .gz files (where it lacks them: ringtrain's embedded "
+                             "10k/2k subset)")
     parser.add_argument("--train-samples", type=int, default=0,
                         help="use only the first N training images (0: all); for quick smoke runs")
     parser.add_argument("--checkpoint", default="", help="rank 0 saves the model here after each epoch")
@@ -65,6 +77,33 @@ def read_idx(path):
     ndim = data[3]
     dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def resolve_data_dir(data_dir, rank):
+    """``data_dir`` when it holds the four MNIST files, else the real subset ringtrain embeds."""
+    wanted = [name for pair in FILES.values() for name in pair]
+    if all(os.path.isfile(os.path.join(data_dir, name)) for name in wanted):
+        return data_dir
+    try:
+        from ringtrain.workloads.mnist import EMBEDDED_MNIST
+    except ImportError:
+        sys.exit(f"error: {data_dir!r} does not hold the MNIST files ({', '.join(wanted)}). HINT: pass "
+                 "--data-dir with the folder that holds them, or install ringtrain for its embedded subset.")
+    if rank == 0:
+        print(f"note: {data_dir!r} does not hold the MNIST files; using ringtrain's embedded subset "
+              "(10,000 training and 2,000 test images of the real MNIST)", file=sys.stderr, flush=True)
+    return str(EMBEDDED_MNIST)
+
+
+def report_epoch(epoch, items, steps, seconds, model):
+    """One ``RINGTRAIN_BENCH`` line: what this rank trained in this epoch, for ``ringtrain bench``."""
+    try:
+        from ringtrain.bench import parameters_digest, report
+    except ImportError:  # real Horovod without ringtrain: nobody reads the line
+        return
+    # the digest lets ringtrain bench check that the ranks' replicas stayed identical
+    report(items=items, seconds=seconds, steps=steps, epoch=epoch, rank=hvd.rank(), world_size=hvd.size(),
+           parameters_digest=parameters_digest(model))
 
 
 def load_split(data_dir, split, limit=0):
@@ -106,7 +145,9 @@ def train_epoch(epoch, model, optimizer, train_loader, train_sampler, scaler, ar
     model.train()
     # Horovod: set epoch to sampler for shuffling.
     train_sampler.set_epoch(epoch)
+    items = 0
     for batch_idx, (data, target) in enumerate(train_loader):
+        items += len(data)
         data, target = data.to(device), target.to(device)
         optimizer.zero_grad()
         if scaler is not None:
@@ -127,6 +168,9 @@ def train_epoch(epoch, model, optimizer, train_loader, train_sampler, scaler, ar
             # Horovod: use train_sampler to determine the number of examples in this worker's partition.
             print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)} "
                   f"({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the epoch ends when its last step's work does, not its launch
+    return items, len(train_loader)
 
 
 def test(model, test_loader, test_sampler, device):
@@ -165,8 +209,9 @@ def main(args):
         device = torch.device("cpu")
 
     # Step 6 (data): each rank reads its own shard of the data.
-    train_dataset = load_split(args.data_dir, "train", args.train_samples)
-    test_dataset = load_split(args.data_dir, "test")
+    data_dir = resolve_data_dir(args.data_dir, hvd.rank())
+    train_dataset = load_split(data_dir, "train", args.train_samples)
+    test_dataset = load_split(data_dir, "test")
     train_sampler = DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     train_loader = DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler)
     test_sampler = DistributedSampler(test_dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
@@ -194,7 +239,9 @@ def main(args):
 
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):
-        train_epoch(epoch, model, optimizer, train_loader, train_sampler, scaler, args, device)
+        start = time.perf_counter()
+        items, steps = train_epoch(epoch, model, optimizer, train_loader, train_sampler, scaler, args, device)
+        report_epoch(epoch, items, steps, time.perf_counter() - start, model)
         accuracy = test(model, test_loader, test_sampler, device)
         # Step 7: save checkpoints on rank 0 only, so workers do not overwrite each other.
         if args.checkpoint and hvd.rank() == 0:

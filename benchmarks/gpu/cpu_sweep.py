@@ -114,7 +114,7 @@ def sweep_all(plan: list[tuple[str, list[str], float]], args: argparse.Namespace
         deadline = left * share / (share + later) - 30  # room for validation and packing
         folder = out / name
         command = [python, "-m", "ringtrain", "bench", *bench_args, "--out", str(folder), "--no-progress",
-                   "--timeout", str(int(max(60, deadline)))]
+                   "--project", "--validate", "--timeout", str(int(max(60, deadline)))]
         summary["runs"].append(run(command, env, out / f"{name}.log", deadline))
         print(f"{name}: exit {summary['runs'][-1]['exit_code']} after {summary['runs'][-1]['seconds']} s",
               flush=True)

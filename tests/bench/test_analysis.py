@@ -133,3 +133,20 @@ def test_the_barrier_ranks_give_the_compute_slowdown_and_are_neither_validated_n
     assert entry["compute_factor_from"] == "barrier"
     assert entry["oversubscription"] == pytest.approx(1 / 0.7)
     assert {p["fp16"] for p in result["projection"]} == {False}
+
+
+def test_projection_and_validation_only_when_asked():
+    body = sample_body()
+    annotate(body, project=False, validate=False)
+    assert body["model"]["compute_s"] > 0  # the inputs stay in scaling.json
+    assert body["projection"] == []
+    assert body["validation"] == []
+    assert all(r.get("model_efficiency") is None for r in body["rows"])
+    body = sample_body()
+    annotate(body, project=True, validate=False)
+    assert body["projection"]
+    assert body["validation"] == []
+    body = sample_body()
+    annotate(body, project=False, validate=True)
+    assert body["projection"] == []
+    assert body["validation"]

@@ -41,6 +41,8 @@ def test_a_plain_process_is_rank_0_of_1(capsys, monkeypatch):
     ({"items": float("nan"), "seconds": 1.0}, "items=nan"),
     ({"items": 10, "seconds": 0}, "seconds=0"),
     ({"items": 10, "seconds": float("inf")}, "seconds=inf"),
+    ({"items": 10, "seconds": 1.0, "epochs": 0}, "epochs=0"),
+    ({"items": 10, "seconds": 1.0, "epoch": 1, "epochs": 2}, "epoch=1 and epochs=2"),
 ])
 def test_bad_values_are_refused_with_a_hint(kwargs, message):
     with pytest.raises(ValueError, match="HINT") as info:
@@ -85,3 +87,12 @@ def test_the_parameters_digest_sees_every_bit_of_the_parameters_and_no_buffer():
         bits = twin[0].weight.view(torch.int32)
         bits[0, 0] ^= 1  # the lowest bit of one weight
     assert parameters_digest(model) != parameters_digest(twin)
+
+
+def test_an_epoch_line_says_which_epoch(capsys):
+    line = ringtrain.bench.report(items=640, seconds=2.0, steps=10, epoch=3)
+    body = parse_line(line)
+    assert body["epoch"] == 3
+    assert body["steps"] == 10
+    assert "epochs" not in body
+    assert parse_line(ringtrain.bench.report(items=640, seconds=2.0, epochs=2))["epochs"] == 2

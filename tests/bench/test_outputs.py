@@ -123,3 +123,64 @@ def test_the_tail_column_appears_with_step_times_and_stays_right_aligned():
     rows = list(csv.DictReader(io.StringIO(csv_text(body))))
     assert float(rows[1]["step_seconds_p95"]) == 0.125
     assert float(rows[1]["step_seconds_p50"]) == 0.08
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "scaling.csv", "a\n")
+        write_json({"a": 1}, tmp_path / "scaling.json")
+    finally:
+        os.umask(old)
+    for name in ("scaling.csv", "scaling.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640
+
+
+def _script_body(**startup):
+    from ringtrain.bench.records import Measurement, summarize
+
+    runs = [Measurement(index=0, repeat=0, strategy="single", np=1, wall_seconds=14.0),
+            Measurement(index=1, repeat=0, strategy="script", np=2, wall_seconds=11.0)]
+    body = sample_body(link=False)
+    body["settings"].update(workload=None, command=["python", "train.py"])
+    body["runs"] = [m.as_dict() for m in runs]
+    seconds = {int(k): v for k, v in startup.get("seconds", {}).items()}
+    body["rows"] = [r.as_dict() for r in summarize(runs, seconds)]
+    body["startup"] = startup
+    return body
+
+
+def test_a_silent_scripts_table_says_start_up_was_taken_out():
+    table = table_text(_script_body(seconds={"1": 4.0, "2": 6.0}))
+    assert "wall - start-up" in table.splitlines()[3]
+    assert "WALL TIME MINUS A MEASURED START-UP (4.00 s at 1 process(es), 6.00 s at 2 process(es)" in table
+    assert "2.00x (net wall)" in table
+    unmeasured = table_text(_script_body(error="the command is not `python SCRIPT`"))
+    assert "start-up was not measured (the command is not `python SCRIPT`)" in unmeasured
+    assert "WALL TIME, start-up included" in unmeasured
+
+
+def test_a_reporting_scripts_table_says_what_it_timed():
+    body = sample_body(link=False)
+    body["settings"].update(workload=None, command=["python", "train.py"])
+    for run in body["runs"]:
+        run["epochs"] = 2
+    assert "timed: what the script reported (RINGTRAIN_BENCH lines: 2 epoch(s) per run), start-up left " \
+           "out" in table_text(body)
+
+
+def test_an_unsteady_row_is_flagged_and_warned_about():
+    from ringtrain.bench.records import summarize
+    from tests.bench.helpers import body, measurement
+
+    shaky = body([measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 130.0),
+                  measurement(2, "ddp", 2, 0, 80.0), measurement(3, "ddp", 2, 1, 82.0)])
+    assert [r.unsteady for r in summarize([])] == []
+    table = table_text(shaky)
+    assert "26.1% !" in table
+    assert ("WARNING: 1 process(es) single: its repeats differ by 26% (above 20%): the machine was not steady"
+            in table)
+    assert "WARNING: 2 process(es) ddp" not in table
+    assert "yes" in csv_text(shaky).splitlines()[1].split(",")

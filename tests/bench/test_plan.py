@@ -137,3 +137,51 @@ def test_plain_runs_lose_the_variables_that_make_a_rank():
     assert plain_environment(environ) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
     settings = BenchSettings(workload="mnist", nps=(1, 2), strategies=("independent", "ddp"), repeats=1)
     assert [r.plain for r in plan_runs(settings, threads=1)] == [True, True, False]
+
+
+def test_a_scripts_baseline_runs_with_the_horovod_shim(monkeypatch):
+    """ringtrain run puts the shim on its ranks' PYTHONPATH; the plain baseline needs it just as much."""
+    import ringtrain.shim
+    from ringtrain.shim import SHIM_DIR
+
+    monkeypatch.setattr(ringtrain.shim, "real_horovod_importable", lambda: False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    settings = BenchSettings(command=("python", "hvd_train.py"), nps=(1, 2), repeats=1)
+    base, launched = plan_runs(settings, threads=1)
+    assert base.plain
+    assert base.env["PYTHONPATH"].split(":") == [str(SHIM_DIR), "/elsewhere"]
+    assert "PYTHONPATH" not in launched.env  # ringtrain run adds it for its ranks
+    # a built-in workload's baseline imports no horovod: its environment stays as it was
+    builtin = plan_runs(BenchSettings(workload="mnist", nps=(1, 2), repeats=1), threads=1)
+    assert all("PYTHONPATH" not in run.env for run in builtin)
+    # real Horovod installed: it wins, as under ringtrain run
+    monkeypatch.setattr(ringtrain.shim, "real_horovod_importable", lambda: True)
+    assert "PYTHONPATH" not in plan_runs(settings, threads=1)[0].env
+
+
+def test_start_up_probes_run_like_the_script_at_every_size(monkeypatch):
+    import ringtrain.shim
+    from ringtrain.bench.plan import STARTUP, startup_runs
+
+    monkeypatch.setattr(ringtrain.shim, "real_horovod_importable", lambda: False)
+    settings = BenchSettings(command=("python", "train.py", "--epochs", "1"), nps=(2, 4), repeats=2)
+    probes = startup_runs(settings, threads=1, python="PY")
+    assert [(p.np, p.repeat) for p in probes] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
+    assert {p.strategy for p in probes} == {STARTUP}
+    one, two = probes[0], probes[1]
+    assert one.plain
+    assert one.argv == ("python", "-m", "ringtrain.bench.startup", "train.py", "--epochs", "1")
+    assert "PYTHONPATH" in one.env  # with the shim, as the baseline
+    assert two.argv[:6] == ("PY", "-m", "ringtrain", "run", "-np", "2")
+    assert two.argv[-5:] == one.argv[-5:]
+    assert startup_runs(BenchSettings(command=("./train.sh",), repeats=1), threads=1) == []
+
+
+def test_the_link_is_probed_only_for_the_model():
+    assert not BenchSettings(workload="mnist").probes_link
+    assert BenchSettings(workload="mnist", project=True).probes_link
+    assert BenchSettings(workload="mnist", validate=True).probes_link
+    assert not BenchSettings(workload="mnist", validate=True, link_probe=False).probes_link
+    described = BenchSettings(workload="mnist", project=True).describe()
+    assert described["project"] is True
+    assert described["validate"] is False

@@ -34,3 +34,61 @@ def test_without_matplotlib_the_message_says_how_to_get_it(tmp_path, monkeypatch
     message = plot.write_plot(sample_body(), tmp_path / "scaling.png")
     assert "pip install 'ringtrain[plot]'" in message
     assert not (tmp_path / "scaling.png").exists()
+
+
+def _projection_legend(body):
+    import matplotlib.pyplot as plt
+
+    fig = plot.figure(body)
+    try:
+        ax = fig.axes[2]
+        legend = ax.get_legend()
+        drawn = {line.get_label(): line for line in ax.get_lines()}
+        return legend.get_title().get_text(), [t.get_text() for t in legend.get_texts()], drawn
+    finally:
+        plt.close(fig)
+
+
+def test_the_projection_legend_promises_only_what_is_drawn():
+    pytest.importorskip("matplotlib")
+    body = sample_body()
+    body["settings"]["strategies"] = ["single", "ddp"]  # fp32 on the wire only
+    annotate(body)
+    title, labels, drawn = _projection_legend(body)
+    assert "fp16" not in title
+    assert "dotted" not in title
+    assert not any("fp16" in label for label in labels)
+    assert set(labels) == set(drawn)
+    assert {line.get_linestyle() for line in drawn.values()} == {"--"}
+    both = sample_body()  # ddp and horovod-fp16: both styles drawn
+    annotate(both)
+    title, labels, drawn = _projection_legend(both)
+    assert title == "dashed fp32, dotted fp16 gradients"
+    assert {line.get_linestyle() for line in drawn.values()} == {"--", ":"}
+    assert set(labels) == set(drawn)
+
+
+def test_coinciding_projection_curves_stay_visible():
+    """IB and NVLink both reach ~1.0 for a small model: the later curve must not hide the earlier."""
+    pytest.importorskip("matplotlib")
+    body = sample_body()
+    annotate(body)
+    _, _, drawn = _projection_legend(body)
+    ib, nvlink = drawn["IB-HDR200"], drawn["NVLink4"]
+    assert ib.get_marker() != nvlink.get_marker()
+    assert ib.get_linewidth() > nvlink.get_linewidth()  # the earlier one shows round the later one
+    assert len({line.get_marker() for line in drawn.values() if "fp16" not in line.get_label()}) == \
+        len([label for label in drawn if "fp16" not in label])
+
+
+def test_without_project_there_is_no_projection_panel():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    body = sample_body()
+    annotate(body, project=False, validate=False)
+    fig = plot.figure(body)
+    try:
+        assert len(fig.axes) == 2
+    finally:
+        plt.close(fig)

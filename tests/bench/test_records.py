@@ -189,3 +189,58 @@ def test_rows_give_the_median_and_tail_of_every_ranks_step_times_over_good_repea
     (plain,) = summarize([measurement(0, "ddp", 2, 0, 80.0)])  # no step times: no percentiles
     assert plain.step_seconds_p50 is None
     assert plain.step_seconds_p95 is None
+
+
+def test_epoch_lines_of_a_rank_are_added_up():
+    m = Measurement(index=0, repeat=0, strategy="script", np=2)
+    lines = [{"items": 500, "seconds": 2.0, "steps": 8, "epoch": 1, "rank": 0, "world_size": 2},
+             {"items": 500, "seconds": 1.0, "steps": 8, "epoch": 2, "rank": 0, "world_size": 2,
+              "parameters_digest": "ab"},
+             {"items": 500, "seconds": 2.5, "steps": 8, "epoch": 1, "rank": 1, "world_size": 2},
+             {"items": 500, "seconds": 1.5, "steps": 8, "epoch": 2, "rank": 1, "world_size": 2,
+              "parameters_digest": "ab"}]
+    combine_reports(m, lines)
+    assert m.ranks_reported == 2
+    assert [r["epochs"] for r in m.reports] == [2, 2]
+    assert m.reports[1]["epoch_seconds"] == [2.5, 1.5]
+    assert m.items == 2000
+    assert m.seconds == 4.0  # the slowest rank's two epochs
+    assert m.steps == 16
+    assert m.epochs == 2
+    assert m.seconds_per_epoch == pytest.approx(2.0)
+    assert m.reports[0]["parameters_digest"] == "ab"
+    # a whole-run line with epochs=E gives the time per epoch too
+    whole = Measurement(index=1, repeat=0, strategy="single", np=1)
+    combine_reports(whole, [{"items": 1000, "seconds": 3.0, "epochs": 2, "rank": 0, "world_size": 1}])
+    assert whole.seconds_per_epoch == pytest.approx(1.5)
+
+
+def test_ranks_or_repeats_that_disagree_make_a_row_unsteady():
+    m = Measurement(index=0, repeat=0, strategy="horovod", np=2)
+    combine_reports(m, [report(0, 2, 100, 1.0), report(1, 2, 100, 1.3)])
+    assert m.rank_spread == pytest.approx((100 - 100 / 1.3) / ((100 + 100 / 1.3) / 2))
+    steady = [measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 110.0)]
+    assert not summarize(steady)[0].unsteady
+    shaky = [measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 130.0)]
+    (row,) = summarize(shaky)
+    assert row.spread == pytest.approx(0.30 / 1.15)
+    assert row.unsteady
+    assert row.as_dict()["unsteady"] is True
+    (ranks,) = summarize([m])
+    assert ranks.spread == 0.0
+    assert ranks.unsteady
+
+
+def test_a_silent_script_is_compared_by_wall_time_minus_its_start_up():
+    base = Measurement(index=0, repeat=0, strategy="single", np=1, wall_seconds=14.0)
+    two = Measurement(index=1, repeat=0, strategy="script", np=2, wall_seconds=11.0)
+    rows = summarize([base, two], startup={1: 4.0, 2: 6.0})
+    assert rows[0].net_wall_seconds == 10.0
+    assert rows[1].net_wall_seconds == 5.0
+    assert rows[1].startup_seconds == 6.0
+    assert rows[1].speedup == pytest.approx(2.0)  # raw wall time would say 14 / 11
+    assert rows[1].speedup_from == "wall time minus start-up"
+    # a start-up as long as the run says nothing: raw wall time, labelled so
+    rows = summarize([base, two], startup={1: 4.0, 2: 12.0})
+    assert rows[1].speedup_from == "wall time"
+    assert rows[1].speedup == pytest.approx(14 / 11)

@@ -24,8 +24,10 @@ def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "mnist"
     result = _bench("mnist", "--np", "1,2", "--steps", "12", "--warmup-steps", "2", "--repeats", "1",
-                    "--strategies", "single,independent,barrier,ddp,horovod", "--out", str(out))
+                    "--strategies", "single,independent,barrier,ddp,horovod", "--project", "--validate",
+                    "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "bench: estimate (not a measurement): about" in result.stderr
     table = result.stdout
     assert "processes  strategy" in table
     assert "PROJECTION" in table
@@ -151,3 +153,92 @@ def test_validate_reads_sweeps_and_reports_the_error(tmp_path, capsys):
 def test_validate_refuses_folders_without_sweeps(tmp_path, capsys):
     assert main(["bench", "--validate", str(tmp_path)]) == 2
     assert "HINT" in capsys.readouterr().err
+
+
+def _settings_of(monkeypatch, *argv: str):
+    """The settings ``ringtrain bench ARGV`` hands to the sweep (which does not run)."""
+    import ringtrain.bench.sweep
+
+    seen = []
+    monkeypatch.setattr(ringtrain.bench.sweep, "run_bench",
+                        lambda settings, progress: seen.append(settings) or 0)
+    assert main(["bench", *argv]) == 0
+    return seen[0]
+
+
+def test_projection_and_validation_are_opt_in(monkeypatch):
+    plain = _settings_of(monkeypatch, "mnist", "--np", "1,2")
+    assert (plain.project, plain.validate, plain.probes_link) == (False, False, False)
+    both = _settings_of(monkeypatch, "mnist", "--np", "1,2", "--project", "--validate")
+    assert (both.project, both.validate, both.probes_link) == (True, True, True)
+    alone = _settings_of(monkeypatch, "mnist", "--validate", "--np", "1,2")
+    assert alone.validate
+    assert not alone.project
+    assert not _settings_of(monkeypatch, "mnist", "--project", "--no-link-probe").probes_link
+
+
+def test_validate_given_a_workload_says_where_the_flag_goes(capsys):
+    assert main(["bench", "--validate", "mnist"]) == 2
+    err = capsys.readouterr().err
+    assert "'mnist' is a workload, not a folder" in err
+    assert "ringtrain bench mnist --validate" in err
+
+
+@pytest.mark.slow
+def test_a_horovod_script_gets_a_true_scaling_table(tmp_path):
+    """The tutorial's table: the baseline runs with the shim, the reported epochs are timed, not start-up."""
+    import os
+    import stat
+
+    out = tmp_path / "hvd"
+    old = os.umask(0o022)
+    try:
+        result = _bench("--np", "1,2", "--repeats", "1", "--out", str(out), "--", "python",
+                        "examples/horovod_mnist.py", "--epochs", "2", "--train-samples", "640",
+                        "--data-dir", str(tmp_path / "no-data-here"))
+    finally:
+        os.umask(old)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "estimated after the first run" in result.stderr
+    body = json.loads((out / "scaling.json").read_text())
+    runs = {r["np"]: r for r in body["runs"]}
+    assert runs[1]["status"] == "ok"  # no ModuleNotFoundError: the shim was there
+    for np, run in runs.items():
+        assert run["ranks_reported"] == np
+        assert run["epochs"] == 2
+        assert run["items"] == 2 * 640  # both epochs of every rank, whatever the start-up
+        assert run["steps"] == 20 // np  # 10 batches of 64 an epoch alone, 5 a rank on two ranks
+        assert run["seconds"] < run["wall_seconds"]
+    assert "using ringtrain's embedded subset" in (out / runs[1]["log"]).read_text()
+    rows = {r["np"]: r for r in body["rows"]}
+    assert rows[2]["speedup_from"] == "throughput"
+    assert rows[2]["efficiency"] == pytest.approx(rows[2]["speedup"] / 2)
+    assert "startup" not in body  # it reported: nothing to measure
+    assert "timed: what the script reported (RINGTRAIN_BENCH lines: 2 epoch(s) per run)" in result.stdout
+    assert "PROJECTION" not in result.stdout
+    assert "MODEL VALIDATION" not in result.stdout
+    assert body["link"] is None  # nobody asked for the model: no link probe either
+    for name in ("scaling.json", "scaling.csv", "scaling.png"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644
+
+
+@pytest.mark.slow
+def test_a_silent_script_is_timed_by_wall_time_minus_its_start_up(tmp_path):
+    script = tmp_path / "silent.py"
+    # start-up: an import; "training": a fixed amount of busy work, longer than any start-up jitter
+    script.write_text("import json\nimport time\n\nend = time.perf_counter() + 3.0\n"
+                      "while time.perf_counter() < end:\n    pass\n")
+    out = tmp_path / "silent"
+    result = _bench("--np", "1,2", "--repeats", "1", "--out", str(out), "--", sys.executable, str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the script reported nothing" in result.stderr
+    body = json.loads((out / "scaling.json").read_text())
+    assert set(body["startup"]["seconds"]) == {"1", "2"}
+    assert {r["np"] for r in body["startup"]["runs"]} == {1, 2}
+    rows = {r["np"]: r for r in body["rows"]}
+    for np in (1, 2):
+        assert rows[np]["net_wall_seconds"] == pytest.approx(rows[np]["wall_seconds"]
+                                                             - rows[np]["startup_seconds"])
+    assert rows[2]["speedup_from"] == "wall time minus start-up"
+    assert "WALL TIME MINUS A MEASURED START-UP" in result.stdout
+    assert "wall - start-up" in result.stdout

@@ -48,7 +48,7 @@ def test_bench_runs_ranks_on_both_hosts(netns_hosts: NamespaceHosts, tmp_path: P
     argv = ringtrain_argv("bench", "mnist", "--np", "1,2", "--steps", "4", "--warmup-steps", "1",
                           "--repeats", "1", "--strategies", "barrier,horovod", "--threads", "1",
                           "-H", "hostA:1,hostB:1", "-i", str(netns_hosts.key), "--start-timeout", "120",
-                          "--no-progress", "--out", str(out))
+                          "--no-progress", "--validate", "--out", str(out))
     result = netns_hosts.run("hostA", argv, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     body = json.loads((out / "scaling.json").read_text())

@@ -9,7 +9,9 @@ interleaved and repeated, against a single-process baseline; see docs/bench.md. 
 - ``machine``: what it ran on; ``model`` / ``analysis``: the cost model, validation and projection;
 - ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s
   (and :func:`parameters_digest`, for the check that its replicas agree);
-- ``barrier``: the strategy of the ``barrier`` reference (lockstep without gradient exchange).
+- ``barrier``: the strategy of the ``barrier`` reference (lockstep without gradient exchange);
+- ``startup``: a script's start-up, measured, for a script that reports nothing;
+- ``estimate``: the sweep's duration, said before it starts.
 """
 
 from ringtrain.bench.hook import TAG, parameters_digest, report

@@ -27,8 +27,8 @@ from ringtrain.bench.model import (
     Interconnect,
     StepModel,
     predict,
-    project,
 )
+from ringtrain.bench.model import project as project_model
 from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, STRATEGIES, is_competitor
 from ringtrain.bench.records import Measurement
 
@@ -90,8 +90,10 @@ def link_applies(link: dict[str, Any] | None, m: Measurement) -> bool:
     return (distinct > 1) == (link.get("kind") == "between hosts")
 
 
-def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None:
-    """Add the model to a result body: inputs, each row's prediction, validation and projection."""
+def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = (), *, project: bool = True,
+             validate: bool = True) -> None:
+    """Add the model to a result body: inputs, each row's prediction and validation (``validate``),
+    and the projection (``project``); a sweep asks for them with --validate and --project."""
     runs = [Measurement.from_dict(r) for r in body.get("runs", [])]
     strong = body.get("settings", {}).get("scaling") == "strong"
     link = body.get("link")
@@ -125,7 +127,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
     # the barrier ranks ran where every other launched run did: their efficiency applies as it stands
     lockstep = {r["np"]: r["efficiency"] for r in body.get("rows", [])
                 if r["strategy"] == BARRIER and r.get("efficiency")}
-    for row in body.get("rows", []):
+    for row in body.get("rows", []) if validate else []:
         if not is_competitor(row["strategy"]) or row.get("efficiency") is None:
             continue
         members = [m for m in runs if m.strategy == row["strategy"] and m.np == row["np"] and m.ok]
@@ -150,6 +152,8 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
             "relative_error": (pred.efficiency - row["efficiency"]) / row["efficiency"],
             "measured_step_s": row.get("seconds_per_step"), "predicted_step_s": pred.step_s,
             "link": (link or {}).get("note") or (link or {}).get("kind")})
+    if not project:
+        return
     connects = list(INTERCONNECTS) + list(extra)
     if link and not link.get("error"):
         connects.append(Interconnect("measured", f"this sweep's link ({link.get('kind')})",
@@ -159,7 +163,7 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = ()) -> None
     for fp16 in sorted(wires):
         key = "fp16" if fp16 else "fp32"
         if key in inputs:
-            body["projection"] += project(inputs[key], tuple(connects))
+            body["projection"] += project_model(inputs[key], tuple(connects))
 
 
 def collect_validation(paths: list[Path]) -> list[dict[str, Any]]:

@@ -14,6 +14,11 @@ Any program (not only Python) may print that line itself; the launcher's ``[rank
 other text before the tag are ignored. ``items`` counts what this process trained (not all ranks);
 ``ringtrain bench`` adds up the ranks that reported and, when only some did, assumes the others were
 as fast (data-parallel ranks move in lockstep).
+
+A line is either the whole timed part (the last such line of a rank counts) or one epoch of it
+(``"epoch": k``): a rank's epoch lines are added up, so a script can report after every epoch and
+``ringtrain bench`` gives the time per epoch. Start-up (interpreter, imports, data loading, process
+group) is never in ``seconds``: that is the point of reporting.
 """
 
 from __future__ import annotations
@@ -43,14 +48,17 @@ def _rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
-def report(items: float, seconds: float, *, steps: int | None = None, gradient_bytes: int | None = None,
-           **extra: Any) -> str:
+def report(items: float, seconds: float, *, steps: int | None = None, epoch: int | None = None,
+           epochs: float | None = None, gradient_bytes: int | None = None, **extra: Any) -> str:
     """Print this process's throughput for ``ringtrain bench`` (and return the printed line).
 
     ``items``: samples (images, tokens, ...) this process trained in the timed part, warm-up left out.
     ``seconds``: how long that took. ``steps`` (optimizer steps in those seconds) and
     ``gradient_bytes`` (bytes of gradients allreduced per step) are optional; with both, the
-    scaling projection can use a user script too. Extra keyword values are kept in scaling.json.
+    scaling projection can use a user script too. ``epoch=k``: this line is epoch ``k`` alone (call
+    once per epoch; the sweep adds them up); ``epochs=E``: a line for the whole timed part that
+    covered ``E`` epochs. Either gives the table a time per epoch. Extra keyword values are kept in
+    scaling.json.
     """
     if not (isinstance(items, int | float) and math.isfinite(items) and items >= 0):
         raise ValueError(f"items={items!r} must be a finite number >= 0. HINT: pass the count of samples "
@@ -63,6 +71,16 @@ def report(items: float, seconds: float, *, steps: int | None = None, gradient_b
                             "host": socket.gethostname()}
     if steps is not None:
         body["steps"] = int(steps)
+    if epoch is not None and epochs is not None:
+        raise ValueError(f"epoch={epoch!r} and epochs={epochs!r} were both given. HINT: epoch=k for a line "
+                         "per epoch, epochs=E for one line covering E epochs.")
+    if epoch is not None:
+        body["epoch"] = int(epoch)
+    if epochs is not None:
+        if not (isinstance(epochs, int | float) and math.isfinite(epochs) and epochs > 0):
+            raise ValueError(f"epochs={epochs!r} must be a number > 0. HINT: pass how many epochs the "
+                             "reported seconds covered, e.g. epochs=2.")
+        body["epochs"] = epochs
     if gradient_bytes is not None:
         body["gradient_bytes"] = int(gradient_bytes)
     body.update(extra)

@@ -16,22 +16,37 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ringtrain.bench.hook import TAG
 from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
 from ringtrain.bench.plan import BARRIER, is_competitor
+from ringtrain.bench.records import SPREAD_WARNING
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "step_seconds_p50", "step_seconds_p95", "seconds_per_epoch", "wall_seconds",
                "items_per_second", "items_per_second_min", "items_per_second_max", "speedup", "efficiency",
-               "spread", "speedup_from", "model_efficiency", "lockstep_efficiency", "status")
+               "spread", "speedup_from", "model_efficiency", "lockstep_efficiency", "status", "rank_spread",
+               "startup_seconds", "net_wall_seconds", "unsteady")
 """scaling.csv's header, in order."""
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so that readers see the old file or the whole new one, never a part."""
+    """Write ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask): the temporary file
+    it is renamed from is created 0600, which would leave results unreadable to a group that shares them.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fp:
             fp.write(data.encode() if isinstance(data, str) else data)
             fp.flush()
@@ -79,7 +94,9 @@ def csv_text(body: dict[str, Any]) -> str:
                          _num(row.get("items_per_second_min")), _num(row.get("items_per_second_max")),
                          _num(row.get("speedup")), _num(row.get("efficiency")), _num(row.get("spread")),
                          row.get("speedup_from", ""), _num(row.get("model_efficiency")),
-                         _num(row.get("lockstep_efficiency")), row["status"]])
+                         _num(row.get("lockstep_efficiency")), row["status"], _num(row.get("rank_spread")),
+                         _num(row.get("startup_seconds")), _num(row.get("net_wall_seconds")),
+                         "yes" if row.get("unsteady") else ""])
     return buffer.getvalue()
 
 
@@ -129,21 +146,24 @@ def table_text(body: dict[str, Any]) -> str:
     has_items = any(r.get("items_per_second") is not None for r in rows)
     has_model = any(r.get("model_efficiency") is not None for r in rows)
     has_tail = any(r.get("step_seconds_p95") is not None for r in rows)
-    time_column = "time/epoch" if per_epoch else "time/step" if has_items else "wall time"
+    net_wall = any(r.get("net_wall_seconds") is not None for r in rows)
+    time_column = ("time/epoch" if per_epoch else "time/step" if has_items
+                   else "wall - start-up" if net_wall else "wall time")
     header = ["processes", "strategy", time_column, *(["p95 step"] if has_tail else []), "items/s", "speedup",
               "efficiency", "spread", *(["model"] if has_model else []), "status"]
     table = [header]
     for r in rows:
         time_value = r.get("seconds_per_epoch") if per_epoch else r.get("seconds_per_step") if has_items \
-            else r.get("wall_seconds")
+            else r.get("net_wall_seconds") if net_wall else r.get("wall_seconds")
         speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x"
-        if r.get("speedup_from") == "wall time" and r.get("speedup") is not None:
-            speedup += " (wall)"
+        if r.get("speedup") is not None:
+            speedup += {"wall time": " (wall)", "wall time minus start-up": " (net wall)"}.get(
+                r.get("speedup_from", ""), "")
         line = [str(r["np"]), r["strategy"], _seconds(time_value),
                 *([_seconds(r.get("step_seconds_p95"))] if has_tail else []),
                 "-" if r.get("items_per_second") is None else f"{r['items_per_second']:,.1f}",
                 speedup, "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}",
-                "-" if r.get("spread") is None else f"{100 * r['spread']:.1f}%"]
+                _spread_cell(r)]
         if has_model:
             line.append("-" if r.get("model_efficiency") is None else f"{r['model_efficiency']:.2f}")
         line.append(r["status"])
@@ -151,8 +171,11 @@ def table_text(body: dict[str, Any]) -> str:
     right = {i for i, name in enumerate(header) if name not in ("strategy", "status")}  # the numbers
     lines = heading(body) + [""] + _align(table, right=right)
     lines.append("")
-    lines.append("speedup and efficiency: items/s over the single-process baseline's (efficiency = speedup / "
-                 "processes); spread: (max - min) / median over the repeats"
+    lines += timing_lines(body)
+    lines.append("speedup and efficiency: " + ("items/s over the single-process baseline's" if has_items else
+                                                "the single-process baseline's time over this row's")
+                 + " (efficiency = speedup / processes); spread: (max - min) / median over the repeats"
+                 + ("; ! above 20%" if any(r.get("unsteady") for r in rows) else "")
                  + ("; p95 step: 95th percentile of every rank's step times" if has_tail else "")
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
     for r in rows:
@@ -162,6 +185,7 @@ def table_text(body: dict[str, Any]) -> str:
                          f"{r['strategy']} copies, had every step waited for that step's slowest copy): "
                          "the best a synchronous strategy reaches here, even with free communication")
     lines += barrier_lines(rows)
+    lines += spread_warnings(rows)
     failures = [e for r in rows for e in r.get("errors", [])]
     if failures:
         lines.append("")
@@ -169,6 +193,59 @@ def table_text(body: dict[str, Any]) -> str:
     if body.get("interrupted"):
         lines.append("interrupted: the table holds the runs finished before Ctrl-C")
     return "\n".join(lines) + "\n"
+
+
+def _spread_cell(row: dict[str, Any]) -> str:
+    """The spread over the repeats, ``!`` marking a row whose repeats or ranks disagree by over 20 %."""
+    cell = "-" if row.get("spread") is None else f"{100 * row['spread']:.1f}%"
+    return cell + " !" if row.get("unsteady") else cell
+
+
+def timing_lines(body: dict[str, Any]) -> list[str]:
+    """What the time column holds for a script: its own reports, or wall time with start-up left out."""
+    if not body.get("settings", {}).get("command"):
+        return []
+    runs = [r for r in body.get("runs", []) if r.get("status") == "ok"]
+    reported = [r for r in runs if r.get("items_per_second") is not None]
+    lines = []
+    if reported:
+        epochs = {r.get("epochs") for r in reported if r.get("epochs")}
+        what = f"{min(epochs):g} epoch(s)" if epochs else f"{min(r.get('steps') or 0 for r in reported)} " \
+            "step(s)" if all(r.get("steps") for r in reported) else "its timed part"
+        lines.append(f"timed: what the script reported ({TAG} lines: {what} per run), start-up left out")
+    if len(reported) < len(runs):
+        startup = body.get("startup") or {}
+        seconds = startup.get("seconds") or {}
+        if seconds:
+            measured = ", ".join(f"{v:.2f} s at {n} process(es)" for n, v in sorted(
+                (int(k), v) for k, v in seconds.items()))
+            lines.append(f"the script reported nothing (no {TAG} line): times are WALL TIME MINUS A MEASURED "
+                         f"START-UP ({measured}: its imports and process-group set-up alone), "
+                         "so they still hold its data loading and evaluation; report through "
+                         "ringtrain.bench.report for exact figures (docs/bench.md)")
+        if not seconds or startup.get("error"):
+            lines.append(f"the script reported nothing (no {TAG} line) and its start-up was not measured "
+                         f"({startup.get('error') or 'no probe ran'}): times are WALL TIME, start-up "
+                         "included, which understates the speedup; report through ringtrain.bench.report "
+                         "(docs/bench.md)")
+    return lines
+
+
+def spread_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """A warning per row whose repeats, or the ranks of one run, disagree by more than 20 %."""
+    lines = []
+    for r in rows:
+        if not r.get("unsteady"):
+            continue
+        parts = []
+        if r.get("spread") is not None and r["spread"] > SPREAD_WARNING:
+            parts.append(f"its repeats differ by {100 * r['spread']:.0f}%")
+        if r.get("rank_spread") is not None and r["rank_spread"] > SPREAD_WARNING:
+            parts.append(f"the ranks of one run differ by {100 * r['rank_spread']:.0f}% in items/s")
+        lines.append(f"WARNING: {r['np']} process(es) {r['strategy']}: {' and '.join(parts)} (above "
+                     f"{100 * SPREAD_WARNING:.0f}%): the machine was not steady; rerun with more --repeats, "
+                     "on a quieter machine, before publishing this row")
+    return lines
 
 
 def barrier_lines(rows: list[dict[str, Any]]) -> list[str]:

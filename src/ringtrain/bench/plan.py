@@ -10,6 +10,7 @@ whichever happened to run last.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,11 @@ class BenchSettings:
     out: Path = Path("bench-results")
     timeout_s: float = 1800.0
     link_probe: bool = True
+    """Measure the link when the model needs it (``project`` or ``validate``); False: never."""
+    project: bool = False
+    """Add the cost model's projection to 8..1,024 ranks (table, JSON and a third panel of the plot)."""
+    validate: bool = False
+    """Put the cost model's efficiency beside every measured row and list its error."""
     link_note: str | None = None
     """Free text about the link, kept in scaling.json (e.g. how it was shaped)."""
     interconnects: tuple[Any, ...] = ()
@@ -204,6 +210,11 @@ class BenchSettings:
                                  f"divisible by every --np value, e.g. --batch-size {_lcm(self.nps) * 16}.")
 
     @property
+    def probes_link(self) -> bool:
+        """True when the sweep measures the link: only the model (--project, --validate) uses it."""
+        return self.link_probe and (self.project or self.validate)
+
+    @property
     def is_script(self) -> bool:
         """True for a user command, False for a built-in workload."""
         return self.workload is None
@@ -241,7 +252,7 @@ class BenchSettings:
                 "subset": self.subset, "threads": self.threads, "seed": self.seed,
                 "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
                 "launcher_options": list(self.launcher_options), "timeout_s": self.timeout_s,
-                "link_note": self.link_note}
+                "link_note": self.link_note, "project": self.project, "validate": self.validate}
 
 
 def _lcm(values: Sequence[int]) -> int:
@@ -292,6 +303,18 @@ def launcher_argv(settings: BenchSettings, np: int, python: str = sys.executable
     return [python, "-m", "ringtrain", "run", "-np", str(np), *placement, *settings.launcher_options]
 
 
+def script_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What a script's plain runs add to the environment: the ``horovod`` shim on PYTHONPATH.
+
+    ``ringtrain run`` puts the shim there for its ranks (unless real Horovod is importable); the
+    one-process baseline of a Horovod-API script needs it just as much, or ``import horovod`` fails.
+    """
+    from ringtrain.shim import shim_pythonpath
+
+    pythonpath = shim_pythonpath(dict(os.environ) if environ is None else environ)
+    return {"PYTHONPATH": pythonpath} if pythonpath else {}
+
+
 def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executable) -> list[RunSpec]:
     """Every run of the sweep, in the order to run them (interleaved, repeat by repeat)."""
     configs: list[tuple[str, int]] = [(BASELINE, 1)]
@@ -310,6 +333,30 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
                 program = [python, "-m", "ringtrain.bench.worker", "--spec", spec]
             plain = strategy in (BASELINE, INDEPENDENT)
             argv = program if plain else [*launcher_argv(settings, np, python), *program]
+            run_env = {**env, **script_environment()} if plain and settings.is_script else dict(env)
             runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=strategy, np=np, argv=tuple(argv),
-                                env=dict(env), copies=np if strategy == INDEPENDENT else 1, plain=plain))
+                                env=run_env, copies=np if strategy == INDEPENDENT else 1, plain=plain))
+    return runs
+
+
+STARTUP = "startup"
+"""Strategy name of the start-up probes (:mod:`ringtrain.bench.startup`); never a row of the table."""
+
+
+def startup_runs(settings: BenchSettings, threads: int, python: str = sys.executable) -> list[RunSpec]:
+    """Runs measuring a script's start-up at every size, as its own runs are started (empty when the
+    command is not ``python SCRIPT`` or ``python -m MODULE``): ``settings.repeats`` per size."""
+    from ringtrain.bench.startup import probe_argv
+
+    program = probe_argv(settings.command, python)
+    if program is None:
+        return []
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **settings.extra_env}
+    runs = []
+    for repeat in range(settings.repeats):
+        for np in sorted({1, *settings.nps}):  # the baseline runs at one process whatever --np says
+            plain = np == 1
+            argv = program if plain else [*launcher_argv(settings, np, python), *program]
+            runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=STARTUP, np=np, argv=tuple(argv),
+                                env={**env, **script_environment()} if plain else dict(env), plain=plain))
     return runs

@@ -45,8 +45,31 @@ def _errors(rows: list[dict[str, Any]], key: str, low: str, high: str) -> list[l
     return [lower, upper]
 
 
+#: Projection curves often coincide (every fast interconnect reaches ~1.0 for a small model): each
+#: interconnect gets its own marker, and curves drawn later are thinner, so one never hides another.
+PROJECTION_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def projection_legend_title(fp16_drawn: set[bool]) -> str:
+    """Say which line style means what, for the styles actually drawn only."""
+    if fp16_drawn == {False, True}:
+        return "dashed fp32, dotted fp16 gradients"
+    return "dotted: fp16 gradients" if fp16_drawn == {True} else "dashed: fp32 gradients"
+
+
 def render(body: dict[str, Any]) -> bytes:
     """The figure as PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(body)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def figure(body: dict[str, Any]) -> Any:
+    """The matplotlib figure (the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed, and none is touched
@@ -103,7 +126,9 @@ def render(body: dict[str, Any]) -> bytes:
     efficiency_ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
     if any_model:  # one legend entry for all the model's crosses (each in its strategy's colour)
         efficiency_ax.plot([], [], linestyle="none", marker="x", color="black", label="cost model")
-    throughput_ax.set_ylabel("items/s, all processes" if has_items else "speedup (wall time)")
+    net = any(r.get("speedup_from") == "wall time minus start-up" for r in rows)
+    throughput_ax.set_ylabel("items/s, all processes" if has_items else
+                             "speedup (wall time minus start-up)" if net else "speedup (wall time)")
     throughput_ax.set_title("throughput" if has_items else "speedup")
     efficiency_ax.set_ylabel("parallel efficiency (speedup / processes)")
     efficiency_ax.set_title("efficiency")
@@ -119,11 +144,14 @@ def render(body: dict[str, Any]) -> bytes:
         ax = axes[2]
         styles = {False: "--", True: ":"}
         names = list(dict.fromkeys(e["interconnect"] for e in projection))
-        for entry in projection:
-            color = colors[names.index(entry["interconnect"]) % len(colors)]
+        for order, entry in enumerate(projection):
+            at = names.index(entry["interconnect"])
             pts = entry["points"]
+            width = max(0.8, 3.2 - 0.5 * order)  # later curves thinner: an equal earlier one shows round it
             ax.plot([p["ranks"] for p in pts], [p["efficiency"] for p in pts],
-                    linestyle=styles[entry["fp16"]], marker=".", color=color,
+                    linestyle=styles[entry["fp16"]], marker=PROJECTION_MARKERS[at % len(PROJECTION_MARKERS)],
+                    markersize=max(3.0, 8.0 - order), markerfacecolor="none", linewidth=width,
+                    color=colors[at % len(colors)], zorder=2 + order,
                     label=entry["interconnect"] + (" fp16" if entry["fp16"] else ""))
         ax.set_xscale("log", base=2)
         ranks = [p["ranks"] for p in projection[0]["points"]]
@@ -133,18 +161,18 @@ def render(body: dict[str, Any]) -> bytes:
         ax.set_ylim(0, 1.05)
         ax.set_title("PROJECTION (model, not measured)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncol=2, title="dashed fp32, dotted fp16", title_fontsize="x-small")
+        ax.legend(fontsize="x-small", ncol=2, title=projection_legend_title({e["fp16"] for e in projection}),
+                  title_fontsize="x-small")
     settings = body.get("settings", {})
     title = settings.get("workload") or " ".join(settings.get("command", []))[:60]
     machine = body.get("machine") or {}
     link = body.get("link") or {}
     where = f"; link: {link['note']}" if link.get("note") else ""
-    fig.suptitle(f"ringtrain bench: {title} ({settings.get('scaling', '')} scaling) on "
+    # a script scales as it does itself: only a built-in workload's sweep chose weak or strong
+    scaling = f" ({settings.get('scaling', '')} scaling)" if settings.get("workload") else ""
+    fig.suptitle(f"ringtrain bench: {title}{scaling} on "
                  f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{where}", fontsize="medium")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
+    return fig
 
 
 def write_plot(body: dict[str, Any], path: Path) -> str | None:

@@ -3,7 +3,8 @@
 A run's throughput comes from its ranks' report lines (:mod:`ringtrain.bench.hook`): the items of all
 ranks over the time of the slowest rank. Ranks that did not report are assumed as fast as those that
 did (data-parallel ranks move in lockstep; Horovod's synthetic benchmark reports rank 0 only). A run
-without any report line has only its wall time.
+without any report line has only its wall time; the sweep then measures the start-up of the same
+command (:mod:`ringtrain.bench.startup`) and compares wall time minus start-up, labelled as such.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ringtrain.bench.plan import BASELINE, INDEPENDENT, is_competitor
+
+SPREAD_WARNING = 0.20
+"""A spread above this between repeats, or between the ranks of one run, gets a warning in the table."""
 
 
 @dataclass
@@ -50,6 +54,10 @@ class Measurement:
     """Host of each reporting rank, in rank order."""
     lockstep_items_per_second: float | None = None
     """Independent copies only: their throughput had every step waited for that step's slowest copy."""
+    epochs: float | None = None
+    """Epochs in the reported seconds (a script reporting ``epoch=k`` lines or ``epochs=E``)."""
+    rank_spread: float | None = None
+    """(max - min) / median of the reporting ranks' own items/s: ranks that disagree make a run unsteady."""
 
     @property
     def ok(self) -> bool:
@@ -65,12 +73,9 @@ class Measurement:
 
 
 def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
-    """Fill ``m``'s throughput fields from its ranks' report lines (keeping the last per rank)."""
-    by_rank: dict[int, dict[str, Any]] = {}
-    for body in reports:
-        by_rank[int(body.get("rank", 0))] = body
-    m.reports = [by_rank[r] for r in sorted(by_rank)]
-    m.ranks_reported = len(by_rank)
+    """Fill ``m``'s throughput fields from its ranks' report lines (one per rank: ``merge_rank_reports``)."""
+    m.reports = merge_rank_reports(reports)
+    m.ranks_reported = len(m.reports)
     m.hosts = [str(b.get("host", "")) for b in m.reports]
     usable = [b for b in m.reports if isinstance(b.get("items"), int | float) and
               isinstance(b.get("seconds"), int | float) and b["seconds"] > 0]
@@ -89,13 +94,60 @@ def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
         m.steps = min(steps)
         m.seconds_per_step = m.seconds / m.steps
     per_epoch = [b.get("items_per_epoch") for b in usable if b.get("items_per_epoch")]
+    epochs = [float(b["epochs"]) for b in usable if _number(b.get("epochs")) and b["epochs"] > 0]
     if per_epoch and any(b.get("steps_per_epoch") for b in usable):
         m.seconds_per_epoch = float(per_epoch[0]) / m.items_per_second
+    elif epochs:  # a script's own epochs: the slowest rank's time over them
+        m.epochs = min(epochs)
+        m.seconds_per_epoch = m.seconds / m.epochs
+    if len(usable) > 1:
+        rates = [float(b["items"]) / float(b["seconds"]) for b in usable]
+        middle = statistics.median(rates)
+        m.rank_spread = (max(rates) - min(rates)) / middle if middle > 0 else None
     if m.strategy == INDEPENDENT and not m.extrapolated:
         m.lockstep_items_per_second = lockstep_rate(usable)
     diverged = replicas_diverged(m.strategy, m.reports)
     if diverged and m.ok:
         m.status, m.error = "failed", diverged
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def merge_rank_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One report per rank, in rank order.
+
+    A rank's epoch lines (``"epoch": k``, one per epoch) are added up: items, seconds and steps summed,
+    ``epochs`` their count, ``epoch_seconds`` each epoch's time (a repeated epoch number: its last line).
+    Otherwise the rank's last line counts, as a line for the whole timed part.
+    """
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for body in reports:
+        by_rank.setdefault(int(body.get("rank", 0)), []).append(body)
+    merged = []
+    for rank in sorted(by_rank):
+        lines = by_rank[rank]
+        epochs = {int(b["epoch"]): b for b in lines
+                  if _number(b.get("epoch")) and _number(b.get("items")) and _number(b.get("seconds"))}
+        if not epochs:
+            merged.append(lines[-1])
+            continue
+        body: dict[str, Any] = {}
+        for line in lines:  # digests and other values a script sent on any line
+            body.update(line)
+        ordered = [epochs[k] for k in sorted(epochs)]
+        body.pop("epoch", None)
+        body["items"] = sum(float(b["items"]) for b in ordered)
+        body["seconds"] = sum(float(b["seconds"]) for b in ordered)
+        if all(_number(b.get("steps")) for b in ordered):
+            body["steps"] = sum(int(b["steps"]) for b in ordered)
+        else:
+            body.pop("steps", None)
+        body["epochs"] = len(ordered)
+        body["epoch_seconds"] = [float(b["seconds"]) for b in ordered]
+        merged.append(body)
+    return merged
 
 
 def replicas_diverged(strategy: str, reports: list[dict[str, Any]]) -> str | None:
@@ -205,6 +257,17 @@ class Row:
     lockstep_efficiency: float | None = None
     """Independent copies: the efficiency a synchronous job with free communication reaches at best
     (median over the repeats of the lockstep throughput over the baseline's, per process)."""
+    rank_spread: float | None = None
+    """The largest spread between the ranks of one run (their own items/s), over the good repeats."""
+    startup_seconds: float | None = None
+    """A script that reported nothing: the measured start-up of the same command at this size."""
+    net_wall_seconds: float | None = None
+    """Wall time minus ``startup_seconds`` (median over the repeats): what the speedup compares then."""
+
+    @property
+    def unsteady(self) -> bool:
+        """True when the repeats, or the ranks of a run, disagree by more than ``SPREAD_WARNING``."""
+        return any(v is not None and v > SPREAD_WARNING for v in (self.spread, self.rank_spread))
 
     @property
     def status(self) -> str:
@@ -217,11 +280,16 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         body = asdict(self)
         body["status"] = self.status
+        body["unsteady"] = self.unsteady
         return body
 
 
-def summarize(measurements: list[Measurement]) -> list[Row]:
-    """Rows in sweep order: the baseline, then by process count and strategy."""
+def summarize(measurements: list[Measurement], startup: dict[int, float] | None = None) -> list[Row]:
+    """Rows in sweep order: the baseline, then by process count and strategy.
+
+    ``startup``: seconds of start-up by process count, measured for a script that reported nothing;
+    rows without throughput then compare wall time minus it.
+    """
     rows: dict[tuple[str, int], Row] = {}
     groups: dict[tuple[str, int], list[Measurement]] = {}
     for m in measurements:
@@ -246,6 +314,13 @@ def summarize(measurements: list[Measurement]) -> list[Row]:
         row.seconds_per_epoch = _median([m.seconds_per_epoch for m in good if m.seconds_per_epoch])
         walls = [m.wall_seconds for m in good if m.wall_seconds is not None]
         row.wall_seconds = _median(walls)
+        spreads = [m.rank_spread for m in good if m.rank_spread is not None]
+        row.rank_spread = max(spreads) if spreads else None
+        if not rates and startup and startup.get(row.np) is not None:
+            net = [w - startup[row.np] for w in walls]
+            if net and min(net) > 0:  # a start-up as long as the run says nothing usable about it
+                row.startup_seconds, walls = startup[row.np], net
+                row.net_wall_seconds = statistics.median(net)
         if not rates and len(walls) > 1:
             row.spread = (max(walls) - min(walls)) / statistics.median(walls)
     base = rows.get((BASELINE, 1))
@@ -256,6 +331,9 @@ def summarize(measurements: list[Measurement]) -> list[Row]:
             row.speedup = row.items_per_second / base.items_per_second
             row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
             row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
+        elif row.items_per_second is None and row.net_wall_seconds and base.net_wall_seconds:
+            row.speedup = base.net_wall_seconds / row.net_wall_seconds
+            row.speedup_from = "wall time minus start-up"
         elif row.items_per_second is None and row.wall_seconds and base.wall_seconds:
             row.speedup = base.wall_seconds / row.wall_seconds
             row.speedup_from = "wall time"

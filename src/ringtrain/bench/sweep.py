@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -15,10 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ringtrain.bench.hook import parse_output
+from ringtrain.bench.estimate import (
+    WorkloadTiming,
+    after_first_line,
+    import_seconds,
+    plan_line,
+    start_import_timer,
+    stop_import_timer,
+    time_step,
+)
+from ringtrain.bench.hook import TAG, parse_output
 from ringtrain.bench.link import fit_link
 from ringtrain.bench.machine import describe_machine
-from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs
+from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs, startup_runs
 from ringtrain.bench.records import Measurement, combine_reports, summarize
 from ringtrain.env.cores import usable_cores
 from ringtrain.exceptions import UsageError
@@ -27,32 +37,46 @@ from ringtrain.exceptions import UsageError
 STOP_GRACE_S = 30.0
 
 
-def check_workload(settings: BenchSettings) -> None:
-    """Fail before the sweep, with exit code 2, when the workload cannot run (data, arch, batch)."""
+def check_workload(settings: BenchSettings, threads: int = 1) -> WorkloadTiming | None:
+    """Fail before the sweep, with exit code 2, when the workload cannot run (data, arch, batch).
+
+    Returns what loading it here took and one step's time, for the estimate (None for a script).
+    """
     if settings.is_script:
-        return
+        return None
     import math
 
     from ringtrain.train.job import input_errors
     from ringtrain.workloads import get_workload
 
+    importer = start_import_timer()  # a fresh interpreter's imports, timed alongside what follows
+    start = time.perf_counter()
     try:
         workload = get_workload(settings.workload or "")
         train_ds, _ = workload.datasets(data_dir=settings.data_dir, subset=settings.subset,
                                         seed=settings.seed)
-        workload.model(settings.arch)
+        model = workload.model(settings.arch)
+        load_s = time.perf_counter() - start
+        batch = settings.batch_size or workload.defaults.batch_size
+        if settings.epochs is None:
+            for n in settings.nps:
+                per_rank_batch = batch // n if settings.scaling == "strong" else batch
+                if math.ceil(len(train_ds) / n) < max(1, per_rank_batch):
+                    raise UsageError(f"--np {n} with a batch of {per_rank_batch} per process needs "
+                                     f"{per_rank_batch * n} training items; {settings.workload} has "
+                                     f"{len(train_ds)}. HINT: lower --batch-size or raise --subset.")
     except input_errors() as exc:
+        stop_import_timer(importer)
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an unknown --arch
+        stop_import_timer(importer)
         raise UsageError(str(exc).replace("arch=", "--arch ")) from None
-    if settings.epochs is None:
-        batch = settings.batch_size or workload.defaults.batch_size
-        for n in settings.nps:
-            per_rank_batch = batch // n if settings.scaling == "strong" else batch
-            if math.ceil(len(train_ds) / n) < max(1, per_rank_batch):
-                raise UsageError(f"--np {n} with a batch of {per_rank_batch} per process needs "
-                                 f"{per_rank_batch * n} training items; {settings.workload} has "
-                                 f"{len(train_ds)}. HINT: lower --batch-size or raise --subset.")
+    except BaseException:  # nothing will run: the timer's interpreter has nothing left to tell
+        stop_import_timer(importer)
+        raise
+    step_s = time_step(workload, train_ds, model, batch, threads)
+    return WorkloadTiming(items=len(train_ds), batch=batch, load_s=load_s, step_s=step_s,
+                          import_s=import_seconds(importer))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -213,28 +237,79 @@ class SweepProgress:
                     else f"{m.wall_seconds:.1f} s wall" if m.ok else f"FAILED: {m.error}")
             print(f"[{self.done}/{self.total}] {run.label}: {what}", flush=True)
 
+    def write(self, message: str) -> None:
+        """A line that does not break the bar."""
+        if not message:
+            return
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stderr)
+        else:
+            say(message)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
 
+def say(message: str) -> None:
+    """A status line for the user, on stderr (stdout holds the table)."""
+    if message:
+        print(message, file=sys.stderr, flush=True)
+
+
+def measure_startup(settings: BenchSettings, threads: int, out: Path) -> dict[str, Any]:
+    """A script that reported nothing: its start-up at every size (:mod:`ringtrain.bench.startup`).
+
+    Returns ``{"seconds": {np: median}, "runs": [...]}``, or ``{"error": why}`` when it cannot be measured.
+    """
+    probes = startup_runs(settings, threads)
+    if not probes:
+        return {"error": "the command is not `python SCRIPT` or `python -m MODULE`, whose imports the "
+                         "start-up probe repeats"}
+    say(f"bench: the script reported nothing (no {TAG} line): measuring its start-up "
+        f"({len(probes)} run(s) of its imports alone) to leave it out of the wall times")
+    walls: dict[int, list[float]] = {}
+    runs = []
+    errors = []
+    for probe in probes:
+        log = out / "logs" / f"startup-{probe.index:03d}-np{probe.np}-r{probe.repeat + 1}.log"
+        code, wall, _, timed_out = execute(probe.argv, probe.env, log, min(settings.timeout_s, 600.0),
+                                           plain=probe.plain)
+        runs.append({"np": probe.np, "repeat": probe.repeat, "exit_code": code, "wall_seconds": wall,
+                     "log": str(log.relative_to(out)), "argv": list(probe.argv)})
+        if code == 0:
+            walls.setdefault(probe.np, []).append(wall)
+        else:
+            reason = "timed out" if timed_out else _failure_reason(log, code or 0)
+            errors.append(f"np={probe.np}: {reason}; see {log.relative_to(out)}")
+    result: dict[str, Any] = {"seconds": {n: statistics.median(w) for n, w in walls.items()}, "runs": runs,
+                              "method": "wall time of the script's module-level imports (and, at more "
+                                        "than one process, the process group's set-up), started as "
+                                        "the script is"}
+    if errors:
+        result["error"] = "; ".join(errors[:3])
+    return result
+
+
 def run_sweep(settings: BenchSettings, progress: bool = True,
               on_result: Callable[[Measurement], None] | None = None) -> dict[str, Any]:
     """Check, measure the link, run everything; returns the result body (written by ``report``)."""
-    check_workload(settings)
-    out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
     cores = usable_cores()
     threads = settings.threads_per_process(cores)
+    timing = check_workload(settings, threads)
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
     runs = plan_runs(settings, threads)
     body: dict[str, Any] = {"schema": "ringtrain.bench/1", "command": list(settings.argv),
                             "settings": settings.describe(), "threads_per_process": threads,
                             "machine": describe_machine(), "link": None, "runs": [], "interrupted": False}
+    say(plan_line(settings, runs, timing, threads, cores))
     measurements: list[Measurement] = []
     bar = SweepProgress(len(runs), enabled=progress)
+    startup: dict[int, float] = {}
     try:
-        if settings.link_probe:
+        if settings.probes_link:
             if progress:
                 print("bench: measuring the link (2 ranks, allreduce of 4 KiB..16 MiB) ...", file=sys.stderr,
                       flush=True)
@@ -244,14 +319,20 @@ def run_sweep(settings: BenchSettings, progress: bool = True,
             m = measure(run, out, settings.timeout_s)
             measurements.append(m)
             bar.finished(run, m)
+            if run.index == 0 and m.wall_seconds is not None:
+                bar.write(after_first_line(run, m.wall_seconds, runs[1:], settings, timing, threads, cores))
             if on_result is not None:
                 on_result(m)
+        silent = [m for m in measurements if m.ok and m.items_per_second is None]
+        if settings.is_script and silent:
+            body["startup"] = measure_startup(settings, threads, out)
+            startup = {int(n): s for n, s in body["startup"].get("seconds", {}).items()}
     except KeyboardInterrupt:
         body["interrupted"] = True
     finally:
         bar.close()
     body["runs"] = [m.as_dict() for m in measurements]
-    body["rows"] = [r.as_dict() for r in summarize(measurements)]
+    body["rows"] = [r.as_dict() for r in summarize(measurements, startup)]
     return body
 
 
@@ -281,16 +362,19 @@ def run_bench(settings: BenchSettings, progress: bool = True) -> int:
     from ringtrain.bench.outputs import projection_text, table_text, validation_text
 
     body = run_sweep(settings, progress=progress)
-    annotate(body, settings.interconnects)
+    annotate(body, settings.interconnects, project=settings.project, validate=settings.validate)
     notes = write_outputs(body, settings.out)
     print()
     print(table_text(body), end="")
-    projection = projection_text(body)
+    projection = projection_text(body) if settings.project else ""
     if projection:
         print()
         print(projection, end="")
     validation = validation_text([{**v, "workload": settings.workload or "script"}
                                   for v in body.get("validation", [])])
+    if settings.validate and not validation:
+        validation = ("MODEL VALIDATION: none (the model needs a measured link and a row with a "
+                      "measured efficiency: the link probe on, more than one process count)\n")
     if validation:
         print()
         print(validation, end="")

@@ -25,12 +25,17 @@ def register(subparsers: Any) -> None:
         "bench", help="scaling table: time, items/s, speedup and efficiency against processes, with a plot",
         description="Run a built-in workload (or any program given after --) at several process counts "
                     "and strategies, interleaved and repeated, against a single-process baseline. Prints "
-                    "the table and writes scaling.json, scaling.csv and scaling.png to --out. "
-                    "See docs/bench.md.",
+                    "an estimate of the sweep's duration first, then the table, and writes scaling.json, "
+                    "scaling.csv and scaling.png to --out. A program is timed by what it reports "
+                    "(ringtrain.bench.report, or RINGTRAIN_BENCH lines: steps or epochs), never its "
+                    "start-up; one that reports nothing is timed by wall time minus its measured start-up, "
+                    "and the table says so. Its one-process baseline runs with the horovod shim, as "
+                    "ringtrain run's ranks do. See docs/bench.md.",
         epilog="examples:  ringtrain bench mnist --np 1,2,4 --steps 100\n"
                "           ringtrain bench synthetic --arch resnet18 --batch-size 32 --np 1,2 "
                "--strategies horovod,horovod-fp16,ddp,ddp-fp16\n"
-               "           ringtrain bench --np 1,2 -- python train.py --epochs 1\n"
+               "           ringtrain bench --np 1,2 -- python examples/horovod_mnist.py --epochs 2\n"
+               "           ringtrain bench mnist --np 1,2 --project --validate   # with the cost model\n"
                "           ringtrain bench --validate results/1gbit results/100mbit",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="*", metavar="WORKLOAD | -- COMMAND ...",
@@ -68,14 +73,20 @@ def register(subparsers: Any) -> None:
     out.add_argument("--out", help="output folder (bench-results/WORKLOAD)")
     out.add_argument("--timeout", type=_float, default=1800.0,
                      help="seconds one run may take before it is stopped and marked failed (1800)")
+    out.add_argument("--project", action="store_true",
+                     help="add the cost model's projection to 8..1,024 ranks on named interconnects (a "
+                          "model, not a measurement; measures the link first)")
     out.add_argument("--no-link-probe", dest="link_probe", action="store_false",
-                     help="do not measure the link (no model column, no projection)")
+                     help="do not measure the link even with --project or --validate (no model column, no "
+                          "'measured' interconnect)")
     out.add_argument("--link-note", help="how the link was set up, kept in scaling.json (e.g. '1gbit tbf')")
     out.add_argument("--interconnect", action="append", default=[], metavar="NAME=GBIT:USEC",
                      help="add an interconnect to the projection, e.g. roce=100:3 (repeatable)")
     out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
-    out.add_argument("--validate", nargs="+", metavar="DIR",
-                     help="instead of a sweep: compare the model with the runs in these output folders")
+    out.add_argument("--validate", nargs="*", metavar="DIR",
+                     help="alone: put the cost model's efficiency beside every measured row and list its "
+                          "error (measures the link first); with folders: instead of a sweep, compare the "
+                          "model with the runs in these output folders")
     p.set_defaults(func=run_bench)
 
 
@@ -129,6 +140,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.validate:
         return _validate(args)
+    validate = args.validate is not None  # --validate alone: the model beside this sweep's rows
     target = list(args.target)
     workload = target[0] if len(target) == 1 and target[0] in WORKLOADS else None
     if workload is None:
@@ -157,6 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
         batch_size=batch_size, data_dir=args.data_dir, subset=args.subset, threads=args.threads,
         hosts=_hosts(args), launcher_options=_launcher_options(args),
         out=Path(args.out or f"bench-results/{name}"), timeout_s=args.timeout, link_probe=args.link_probe,
+        project=args.project, validate=validate,
         link_note=args.link_note, interconnects=interconnects, seed=args.seed,
         argv=tuple(sys.argv))
     from ringtrain.bench.sweep import run_bench as sweep
@@ -167,6 +180,14 @@ def run_bench(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from ringtrain.bench.analysis import collect_validation
     from ringtrain.bench.outputs import validation_text, write_json
+    from ringtrain.workloads.registry import WORKLOADS
+
+    named = [p for p in args.validate if p in WORKLOADS and not Path(p).exists()]
+    if named:
+        raise UsageError(f"--validate {' '.join(args.validate)}: {named[0]!r} is a workload, not a folder of "
+                         f"results. HINT: put --validate after the workload (ringtrain bench {named[0]} "
+                         "--validate) to validate the model in this sweep, or give folders written by "
+                         "ringtrain bench --out DIR.")
 
     entries = collect_validation([Path(p) for p in args.validate])
     if not entries:
