@@ -292,6 +292,8 @@ class ElasticDriver:
             what = "it could not reach the job store from its host"
         elif not reached and group.unreachable():
             what = f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
+        elif group.lost_contact():  # ssh's keep-alives gave up on the host before the heartbeats did
+            what = group.describe_end(f"worker {worker.wid}")
         log(f"worker {worker.wid} (rank {rank} on {group.host}) failed: {what}")
         if not reached and (code == UNREACHABLE_EXIT or group.unreachable()):
             # The host cannot run workers at all: no second try.

@@ -122,6 +122,10 @@ class RankGroup(ABC):
         """The place could not be reached at all (nothing of the ranks ran), as far as its exit says."""
         return False
 
+    def lost_contact(self) -> bool:
+        """The place stopped answering (a timeout of its transport), as far as its exit says."""
+        return False
+
     def describe_end(self, what: str) -> str:
         """Why ``what`` (e.g. "the agent of node 1") ended without a report of its ranks."""
         code = self.poll()

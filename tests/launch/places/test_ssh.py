@@ -54,6 +54,7 @@ def test_exit_code_255_after_a_timeout_is_lost_contact_with_the_host(fake_ssh):
     fake_ssh("Timeout, server hostB not responding.", 255)
     group = start()
     assert group.unreachable()
+    assert group.lost_contact()
     assert group.describe_end("the agent of node 1") == (
         "lost contact with host hostB: ssh: Timeout, server hostB not responding. (the host is down or the "
         "network to it is cut)")
@@ -62,6 +63,7 @@ def test_exit_code_255_after_a_timeout_is_lost_contact_with_the_host(fake_ssh):
 def test_exit_code_255_otherwise_is_a_broken_session(fake_ssh):
     fake_ssh("Connection closed by 10.0.0.2 port 22", 255)
     group = start()
+    assert not group.lost_contact()
     assert group.describe_end("worker w2") == (
         "worker w2 on host hostB ended without a report (ssh exit code 255: it was killed, or its ssh "
         "session broke: Connection closed by 10.0.0.2 port 22)")

@@ -27,12 +27,16 @@ class SshGroup(ProcessGroup):
     def unreachable(self) -> bool:
         return self.poll() == SSH_FAILED
 
+    def lost_contact(self) -> bool:
+        last = self.last_error()
+        return self.unreachable() and ("not responding" in last or "timed out" in last.lower())
+
     def describe_end(self, what: str) -> str:
         """ssh's exit code 255 says the host or the session went; its last line says which."""
         if not self.unreachable():
             return super().describe_end(what)
         last = self.last_error()
-        if "not responding" in last or "timed out" in last.lower():
+        if self.lost_contact():
             return (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network to "
                     "it is cut)")
         return (f"{what} on host {self.host} ended without a report (ssh exit code 255: it was killed, or "
