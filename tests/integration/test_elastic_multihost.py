@@ -19,7 +19,13 @@ import pytest
 from tests.elastic.jobs import ElasticJob
 from tests.integration.netns import NamespaceHosts
 from tests.integration.system import ringtrain_has_command, skip_unless_collectives, wait_for
-from tests.integration.test_failures import LAUNCHER_BOUND, PEER_TIMEOUT, Job, assert_no_process_left
+from tests.integration.test_failures import (
+    LAUNCHER_BOUND,
+    PEER_TIMEOUT,
+    Job,
+    assert_no_process_left,
+    press_ctrl_c_twice,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,6 +60,10 @@ def test_worker_on_a_remote_host_is_replaced_then_its_host_blacklisted(hosts, tm
     assert "generation 3: 1 worker(s) on hostA[0]" in output
     job.assert_every_sample_once(epochs=2)
     # nothing of the job is left on hostB
+    assert_nothing_left_on_host_b(hosts)
+
+
+def assert_nothing_left_on_host_b(hosts: NamespaceHosts) -> None:
     wait_for(lambda: not [pid for pid in hosts.pids("hostB") if _is_ours(pid)], 60,
              "the job's processes on hostB to end")
 
@@ -99,8 +109,7 @@ def test_the_secret_reaches_a_remote_worker_on_stdin_never_on_a_command_line(hos
         os.killpg(job.proc.pid, signal.SIGTERM)
         code = job.proc.wait(timeout=120)
     assert code == 128 + signal.SIGTERM
-    wait_for(lambda: not [pid for pid in hosts.pids("hostB") if _is_ours(pid)], 60,
-             "the job's processes on hostB to end")
+    assert_nothing_left_on_host_b(hosts)
 
 
 def test_a_host_cut_off_is_noticed_within_the_static_drivers_bound_and_the_job_goes_on(hosts, tmp_path):
@@ -130,8 +139,7 @@ def test_a_host_cut_off_is_noticed_within_the_static_drivers_bound_and_the_job_g
     output = job.text()
     assert code == 0, output  # the survivor went on with a new worker (or alone)
     job.assert_every_sample_once(epochs=2)
-    wait_for(lambda: not [pid for pid in hosts.pids("hostB") if _is_ours(pid)], 60,
-             "the job's processes on hostB to end")
+    assert_nothing_left_on_host_b(hosts)
 
 
 #: Workers that ignore every stop signal (as ones stuck in a C call do), each saying when it is ready.
@@ -146,19 +154,7 @@ STUBBORN = ("import os, signal, time\n"
 def test_a_second_ctrl_c_kills_an_elastic_jobs_workers_on_every_host_at_once(hosts, tmp_path):
     # The static driver's test (test_failures.py), for an elastic job (--min-np).
     job = Job(hosts, tmp_path, "--min-np", "2", command=(sys.executable, "-c", STUBBORN))
-    try:
-        wait_for(lambda: job.output().count("ready") == 2 or job.proc.poll() is not None, 300,
-                 "both workers to start", logs=[job.log])
-        assert job.proc.poll() is None, job.output()
-        job.proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "stopping the ranks on every host" in job.output() or job.proc.poll() is not None,
-                 30, "the launcher to announce the stop", logs=[job.log])
-        time.sleep(1.5)  # a second press, not the first delivered twice
-        assert job.proc.poll() is None, job.output()  # the workers ignore the first: they have 30 s
-        job.proc.send_signal(signal.SIGINT)
-        code, seconds = job.wait(timeout=20)  # well inside the 30 s the workers would otherwise get
-    finally:
-        job.kill()
+    code = press_ctrl_c_twice(job)
     output = job.output()
     assert code == 128 + signal.SIGINT, output
     assert "SIGINT again: killing the ranks on every host now." in output

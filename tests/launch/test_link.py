@@ -6,21 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ringtrain.launch import link
-from tests.processes import alive
-
-
-def wait_until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
+from tests.processes import alive, wait_until
 
 
 def test_the_silence_limit_is_the_peer_timeout_or_with_restarts_the_rendezvous_node_timeout():

@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from ringtrain.launch import link, supervision
 from ringtrain.launch.places import PLACES
 from ringtrain.launch.stopping import REPEAT_AFTER_S
-from tests.processes import alive
+from tests.processes import alive, wait_until
 
 
 def python(code: str) -> list[str]:
@@ -25,15 +24,6 @@ def python(code: str) -> list[str]:
 
 def group(code: str, **kwargs) -> supervision.ProcessGroup:
     return PLACES["local"]("here", python(code), None, **kwargs)
-
-
-def wait_until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_output_is_relayed_line_by_line_and_the_stderr_tail_kept_without_heartbeats():
