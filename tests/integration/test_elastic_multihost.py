@@ -128,7 +128,8 @@ def test_a_host_cut_off_is_noticed_within_the_static_drivers_bound_and_the_job_g
         try:
             job.wait_for_line("worker w2 (rank 1 on hostB) failed: lost contact with host hostB",
                               timeout=2 * LAUNCHER_BOUND)
-            print(f"the elastic driver gave hostB up {time.monotonic() - cut:.1f} s after the cut")
+            said = next(line for line in job.text().splitlines() if "lost contact with host hostB" in line)
+            print(f"the elastic driver gave hostB up {time.monotonic() - cut:.1f} s after the cut: {said}")
         finally:
             hosts.set_link(True)
         code = job.finish()
