@@ -4,7 +4,9 @@ One node here: the elastic agent runs in this process. Several hosts: this proce
 starts one agent per host (``python -m ringtrain.launch.node_entry CONFIG_JSON``; directly for this
 machine, over ssh for the others), relays their output, stops all of them as soon as one fails, and
 prints the earliest failure of all hosts as the root cause. Inside a Slurm batch script spanning
-several nodes, ``srun`` starts one such agent per node instead.
+several nodes, ``srun`` starts one such agent per node instead. Each agent (or the srun step) is a
+group of :mod:`ringtrain.launch.supervision` on a place of :mod:`ringtrain.launch.places`; an agent's
+side of the link to this driver is :mod:`ringtrain.launch.link`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Horovod's elastic model (``--min-np/--max-np/--host-discovery-script``), without
 - The driver hosts the job store (:mod:`ringtrain.engine.jobstore`) with a fresh per-job secret,
   which workers get in their environment (local ones) or on their stdin (ssh), never in argv.
 - It runs the discovery (script or fixed hosts) every second, starts one worker process per slot
-  (``python -m ringtrain.launch.elastic_worker COMMAND``; directly here, over ssh elsewhere) and
+  (``python -m ringtrain.launch.elastic_worker COMMAND``; directly here, over ssh elsewhere; each a
+  group of :mod:`ringtrain.launch.supervision`, watched with heartbeats like the static driver's
+  hosts, given 30 s to stop, killed at once on a second Ctrl-C) and
   publishes each *generation* of the group: every worker's rank, size, local and cross rank/size and
   host name (:mod:`ringtrain.engine.elastic_rendezvous`).
 - When a worker dies, its peers' collectives fail (``HorovodInternalError``); ``hvd.elastic.run``
