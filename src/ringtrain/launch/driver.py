@@ -148,9 +148,9 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None
     hosts = config.driver.node_hosts if config.driver is not None else node_hosts
-    # A driver's agent finds the job's secret on the first line of its stdin (see store_host).
+    # A driver's agent finds the job's secret on the first line of its stdin (see launch/link.py).
     try:
-        secret = store_host.read_secret() if driven else None
+        secret = link.read_secret() if driven else None
     except EOFError:
         print("ringtrain run: error: the driver went away before handing over the job's secret; no rank "
               "was started", file=sys.stderr)
@@ -304,7 +304,7 @@ class HostsJob:
             if config.verbose and not is_local:
                 print(f"ringtrain run: node {k} on {node.host}: {' '.join(agent.proc.args)}", file=sys.stderr)
             self.agents.append(agent)
-            store_host.send_secret(agent.proc.stdin, secret)
+            link.send_secret(agent.proc.stdin, secret)
 
     def _take_marker(self, line: str) -> bool:
         """An agent's failure marker is the driver's to report, not the console's."""

@@ -45,7 +45,7 @@ from ringtrain.engine import jobstore
 from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.engine.settings import read_knob
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import link, store_host, supervision
+from ringtrain.launch import link, supervision
 from ringtrain.launch.config import LaunchConfig, worker_environment
 from ringtrain.launch.elastic_hosts import (
     DEFAULT_FAILURES_TO_BLACKLIST,
@@ -339,7 +339,7 @@ class ElasticDriver:
             if self.config.verbose:
                 log(f"worker {wid} on {host}: {' '.join(group.proc.args)}")
             # The secret travels on the ssh channel, never on the remote command line.
-            store_host.send_secret(group.proc.stdin, self.secret)
+            link.send_secret(group.proc.stdin, self.secret)
 
     def _spawn(self, wid: str, slot: rdzv.Slot, place: str, argv: list[str],
                env: dict[str, str]) -> supervision.ProcessGroup:

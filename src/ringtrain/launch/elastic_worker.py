@@ -35,16 +35,6 @@ ENV_SECRET_ON_STDIN = "RINGTRAIN_SECRET_ON_STDIN"
 UNREACHABLE_EXIT = 3
 
 
-def read_secret_line() -> str:
-    """The first line of stdin, read byte by byte so nothing after it is consumed."""
-    data = bytearray()
-    while True:
-        chunk = os.read(0, 1)
-        if not chunk or chunk == b"\n":
-            return data.decode().strip()
-        data += chunk
-
-
 def speak_link(argv: Sequence[str]) -> None:
     """The worker's end of the driver's link (see the module doc)."""
     peer_timeout = float(read_knob("peer_timeout_s", os.environ))
@@ -89,7 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.pop(ENV_SECRET_ON_STDIN, "") == "1":
         from ringtrain.engine.auth import ENV_SECRET
 
-        os.environ[ENV_SECRET] = read_secret_line()
+        try:
+            os.environ[ENV_SECRET] = link.read_secret() or ""
+        except EOFError:  # the driver (or its ssh session) went away before the handover
+            print("ringtrain elastic: the driver went away before handing over the job's secret; the worker "
+                  "did not start", file=sys.stderr, flush=True)
+            return UNREACHABLE_EXIT
     speak_link(argv)
     problem = announce(os.environ)
     if problem:

@@ -3,8 +3,9 @@
 Both ends speak over the child's standard streams, the one channel ssh (or any backend) already
 carries and the driver already holds:
 
-* **The secret**: the first line on the child's stdin (:func:`ringtrain.launch.store_host.send_secret`),
-  never on a command line.
+* **The secret**: the first line on the child's stdin (:func:`send_secret`, :func:`read_secret`; they
+  live with the rest of the job store's secret in :mod:`ringtrain.launch.store_host`), never on a
+  command line.
 * **Requests**, each on a line of its own on the child's stdin: :data:`STOP_REQUEST` (stop the ranks as
   on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver). An empty line is a
   heartbeat; end-of-file means "stop" too (the driver is gone).
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import IO
 
 from ringtrain.launch.stopping import kill_process_groups
+from ringtrain.launch.store_host import read_secret, send_secret
 
 #: Most seconds between two heartbeats, each way.
 BEAT_INTERVAL = 1.0
@@ -37,6 +39,11 @@ BEAT_INTERVAL = 1.0
 ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 #: Requests a driver writes on a child's stdin, each on a line of its own (see the module doc).
 STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
+
+
+__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "STOP_REQUEST", "DriverEnd", "beat_interval",
+           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "live_children",
+           "read_secret", "send_secret", "watch_driver"]
 
 
 def beat_interval(peer_timeout: float) -> float:
