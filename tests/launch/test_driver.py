@@ -15,7 +15,7 @@ import pytest
 
 import ringtrain.launch.driver as driver
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import store_host
+from ringtrain.launch import link, store_host
 from ringtrain.launch.config import DriverLink, LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
@@ -170,13 +170,13 @@ def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_re
     agent = Agent(driven_config(tmp_path, "stubborn"), tmp_path)
     try:
         pids = agent.rank_pids(tmp_path / "ranks")
-        agent.proc.stdin.write(driver.STOP_REQUEST + b"\n")
+        agent.proc.stdin.write(link.STOP_REQUEST + b"\n")
         agent.proc.stdin.flush()
         # The ranks ignore the stop: the agent gives them its grace, stdin still open.
         with pytest.raises(subprocess.TimeoutExpired):
             agent.proc.wait(timeout=3)
         assert all(alive(pid) for pid in pids)
-        agent.proc.stdin.write(driver.KILL_REQUEST + b"\n")
+        agent.proc.stdin.write(link.KILL_REQUEST + b"\n")
         agent.proc.stdin.flush()
         # Well inside the 30 s the ranks would otherwise get.
         assert agent.proc.wait(timeout=20) == 128 + signal.SIGTERM
@@ -303,16 +303,6 @@ def test_check_build_prints_what_this_installation_has(capsys):
     assert "Available Frameworks:" in out
     assert "[X] PyTorch" in out
     assert "[X] Gloo" in out
-
-
-def test_live_children_sees_a_running_child_but_not_a_zombie():
-    child = subprocess.Popen(["sleep", "60"])
-    try:
-        assert child.pid in driver.live_children(os.getpid())
-    finally:
-        child.kill()
-    assert wait_until(lambda: child.pid not in driver.live_children(os.getpid()), timeout=10)
-    child.wait()
 
 
 def test_notes_are_printed_once_and_verbose_shows_the_table(tmp_path, capsys):
