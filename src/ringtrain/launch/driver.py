@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from ringtrain import __version__
 from ringtrain.engine.auth import ENV_SECRET
+from ringtrain.engine.netutil import check_port_free, free_port
 from ringtrain.engine.settings import check_environ, read_knob
 from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch import link, store_host, supervision
@@ -32,7 +33,7 @@ from ringtrain.launch.config import DriverLink, LaunchConfig, exported_values, w
 from ringtrain.launch.hosts import HostSlots, assign_slots, is_local_host, is_loopback_name, nodes_of
 from ringtrain.launch.places import PLACES
 from ringtrain.launch.places.srun import srun_command
-from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, check_port_free, free_port, resolve_plan
+from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
 from ringtrain.launch.remote import forwarded_environment, probe_hosts
 from ringtrain.launch.report import RankFailure, earliest, format_report
 from ringtrain.launch.stopping import stopping_line

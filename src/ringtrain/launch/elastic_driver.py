@@ -2,7 +2,7 @@
 
 Horovod's elastic model (``--min-np/--max-np/--host-discovery-script``), without torch's agent:
 
-- The driver hosts the job store (:mod:`ringtrain.engine.jobstore`) with a fresh per-job secret,
+- The driver hosts the job store (:mod:`ringtrain.engine.job_store`) with a fresh per-job secret,
   which workers get in their environment (local ones) or on their stdin (ssh), never in argv.
 - It runs the discovery (script or fixed hosts) every second, starts one worker process per slot
   (``python -m ringtrain.launch.elastic_worker COMMAND``; directly here, over ssh elsewhere; each a
@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringtrain.engine import elastic_rendezvous as rdzv
-from ringtrain.engine import jobstore
+from ringtrain.engine import job_store
 from ringtrain.engine.auth import ENV_SECRET
+from ringtrain.engine.netutil import route_address
 from ringtrain.engine.settings import read_knob
 from ringtrain.exceptions import UsageError
 from ringtrain.launch import link, supervision
@@ -116,17 +117,6 @@ def _read_number(environ: Mapping[str, str], name: str, default: float, unit: st
     return value
 
 
-def _route_address(host: str) -> str:
-    """The address of this machine that ``host`` reaches (the job store's address for its workers)."""
-    try:
-        target = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((target, 9))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.getfqdn()
-
-
 @dataclass
 class Worker:
     """One worker of the job: its id, its slot's local rank, and the group (of one rank) it runs as."""
@@ -154,7 +144,7 @@ class ElasticDriver:
             self.discovery = FixedHosts({"localhost": self.settings.num_proc}, "this machine")
         self.registry = HostRegistry(cooldown_range=self.settings.cooldown_range,
                                      failures_to_blacklist=self.settings.failures_to_blacklist)
-        self.secret = jobstore.new_secret()
+        self.secret = job_store.new_secret()
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.failures: list[RankFailure] = []
@@ -192,8 +182,8 @@ class ElasticDriver:
 
     def _store_address_for(self, host: str, port: int) -> str:
         if is_local_host(host):
-            return jobstore.join_address("127.0.0.1", port)
-        return jobstore.join_address(_route_address(host), port)
+            return job_store.join_address("127.0.0.1", port)
+        return job_store.join_address(route_address(host) or socket.getfqdn(), port)
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -201,8 +191,8 @@ class ElasticDriver:
             self.registry.update(self.discovery.find())
         except DiscoveryError as exc:
             raise UsageError(str(exc)) from None
-        self.server = jobstore.JobStoreServer(self.secret, host=self._bind_host())
-        self.store = jobstore.JobStore(jobstore.join_address("127.0.0.1", self.server.port), self.secret,
+        self.server = job_store.JobStoreServer(self.secret, host=self._bind_host())
+        self.store = job_store.JobStore(job_store.join_address("127.0.0.1", self.server.port), self.secret,
                                        timeout=60.0)
         thread = threading.Thread(target=self._discover, name="ringtrain-elastic-discovery", daemon=True)
         thread.start()
@@ -314,9 +304,9 @@ class ElasticDriver:
         ours = {
             **slot.horovod_variables(),
             "HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": jobstore.split_address(address)[0],
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": job_store.split_address(address)[0],
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
-            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), jobstore.ENV_ADDRESS: address,
+            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), job_store.ENV_ADDRESS: address,
         }
         # Workers sharing this machine (two host names of it count as one machine) share its cores.
         sharing = slot.local_size
