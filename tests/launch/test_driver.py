@@ -117,6 +117,7 @@ class Agent:
         self.proc.stdin.close()
 
 
+@pytest.mark.slow
 def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
     config = driven_config(tmp_path)
     code, out, err = Agent(config, tmp_path).wait()
@@ -136,6 +137,7 @@ def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
     assert "[1] hello from rank 1" in out
 
 
+@pytest.mark.slow
 def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
     agent = Agent(driven_config(tmp_path), tmp_path, secret=None)
     agent.proc.stdin.close()  # the driver went away before handing anything over
@@ -145,6 +147,7 @@ def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
     assert read_ranks(tmp_path / "ranks") == {}
 
 
+@pytest.mark.slow
 def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
     code, _, err = Agent(driven_config(tmp_path, "fail"), tmp_path).wait()
     assert code == 1
@@ -155,6 +158,7 @@ def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
     assert "Root cause" not in err  # the driver prints the one report
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
     agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
     try:
@@ -166,6 +170,7 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
         agent.stop()
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_request(tmp_path):
     agent = Agent(driven_config(tmp_path, "stubborn"), tmp_path)
     try:
@@ -185,6 +190,7 @@ def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_re
         agent.stop()
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path):
     (tmp_path / "ranks").mkdir()
     hosts = "localhost:1,127.0.0.1:1"  # two nodes, each with an agent the driver starts
@@ -211,6 +217,7 @@ def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, monkeypatch):
     # The driver beats on the agent's stdin; a link cut leaves the pipe open but silent.
     monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "2")
@@ -232,6 +239,7 @@ def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, m
         agent.stop()
 
 
+@pytest.mark.slow
 def test_an_agent_whose_driver_never_beats_judges_only_eof(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "1")
     code, _, err = Agent(driven_config(tmp_path), tmp_path).wait()
