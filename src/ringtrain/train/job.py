@@ -166,7 +166,7 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     if config.task != workload.task:
         config = config.replace(task=workload.task)
     trainer = Trainer(model, optimizer, workload.loss(), train_ds, test_ds, config)
-    leave_group = True
+    leave_group, failed = True, False
     try:
         history = trainer.train()
         if trainer.strategy.rank == 0:
@@ -177,9 +177,12 @@ def run_job(job: TrainJob) -> list[EpochResult]:
         # snapshots are written whole or not at all.
         leave_group = trainer.strategy.world_size == 1
         raise
+    except BaseException:
+        failed = True  # the other ranks may be in a collective this rank never reaches: no last barrier
+        raise
     finally:
         if leave_group:
-            trainer.close()
+            trainer.close(failed=failed)
     return history
 
 

@@ -80,8 +80,9 @@ class Strategy(ABC):
         """The element-wise sum of ``tensor`` over all ranks (a new CPU tensor)."""
 
     @abstractmethod
-    def teardown(self) -> None:
-        """Leave the job (only what ``setup`` started).
+    def teardown(self, wait_for_peers: bool = True) -> None:
+        """Leave the job (only what ``setup`` started); ``wait_for_peers`` False: without the last barrier
+        (leaving on an exception the other ranks may not share: they may never reach it).
 
         Drop what ``prepare`` returned first: a DDP wrapper freed after its process group is destroyed
         can hang in gloo's destructor (``Trainer.close`` unwraps and collects before calling this).
@@ -175,9 +176,10 @@ class DDPStrategy(Strategy):
         dist.all_reduce(work, op=dist.ReduceOp.SUM, group=self.group)
         return work.cpu()
 
-    def teardown(self) -> None:
+    def teardown(self, wait_for_peers: bool = True) -> None:
         if self._owns_group and dist.is_initialized():
-            dist.barrier()
+            if wait_for_peers:
+                dist.barrier()
             dist.destroy_process_group()
         self._owns_group = False
         self.group = None
@@ -245,7 +247,7 @@ class HorovodStrategy(Strategy):
         out = self._hvd.allreduce(tensor.detach().cpu(), name=name, op=self._hvd.Sum)
         return out.cpu()
 
-    def teardown(self) -> None:
+    def teardown(self, wait_for_peers: bool = True) -> None:
         if self._hvd is not None:
             self._hvd.shutdown()
             self._hvd = None

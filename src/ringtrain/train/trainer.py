@@ -26,6 +26,7 @@ from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
 from ringtrain.train import rng
+from ringtrain.train.agreement import agreed
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
 from ringtrain.train.logs import MetricsLog, RankZero, init_logger
@@ -195,9 +196,10 @@ class Trainer:
 
     def _record(self, result: EpochResult) -> None:
         self.history.append(result)
-        self.out.print(result.summary(self.config.epochs, self.config.task))
-        if self.metrics_log is not None:
-            self.metrics_log.write(result.as_row())
+        with self._agreed(f"writing the metrics of epoch {result.epoch}"):
+            self.out.print(result.summary(self.config.epochs, self.config.task))
+            if self.metrics_log is not None:
+                self.metrics_log.write(result.as_row())
 
     # --- elastic resets ---------------------------------------------------------------------
 
@@ -222,20 +224,29 @@ class Trainer:
             self.lr_factor = float(world * c.batches_per_allreduce)
         self._lr_world = world
 
-    def close(self) -> None:
-        """Close the logs and leave the job (destroys only a process group the Trainer started)."""
+    def close(self, failed: bool = False) -> None:
+        """Close the logs and leave the job (destroys only a process group the Trainer started).
+
+        ``failed``: leaving because of an exception, which the other ranks may not share (they may be
+        inside a collective of the step): leave without waiting for them.
+        """
         if self.metrics_log is not None:
             self.metrics_log.close()
         # a DDP wrapper outliving its process group hangs in gloo's destructor: drop it first
         self.train_model = self.strategy.unwrap(self.train_model)
         gc.collect()
-        self.strategy.teardown()
+        self.strategy.teardown(wait_for_peers=not failed)
 
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _agreed(self, what: str) -> Any:
+        """``with self._agreed("doing X"):`` local work, then every rank raises if it failed on any."""
+        s = self.strategy
+        return agreed(s.sum, s.rank, s.world_size, what)
 
     def _run_epoch(self, epoch: int) -> EpochResult:
         c = self.config
@@ -335,13 +346,16 @@ class Trainer:
         loader = self.eval_loader
         totals = MetricTotals()
         try:
-            for b, (features, targets) in enumerate(loader.epoch(0)):
-                features, targets = to_device(features, s.device), to_device(targets, s.device)
-                real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size, b)
-                with self._autocast():
-                    outputs = model(*as_arguments(features))
-                outputs, targets = outputs[:real].float(), targets[:real]
-                totals.add(self.loss_fn(outputs, targets), outputs, targets, c.task)
+            with self._agreed("evaluating"):
+                for b, (features, targets) in enumerate(loader.epoch(0)):
+                    features, targets = to_device(features, s.device), to_device(targets, s.device)
+                    real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size,
+                                               b)
+                    with self._autocast():
+                        outputs = model(*as_arguments(features))
+                    outputs, targets = outputs[:real].float(), targets[:real]
+                    totals.add(self.loss_fn(outputs, targets), outputs, targets, c.task)
+                totals.flush()
         finally:
             model.train(was_training)
         return totals.reduce(s.sum)
@@ -383,10 +397,10 @@ class Trainer:
                              "TrainerConfig.")
         state = self.state()
         path = self.snapshots.folder / f"snapshot-{self.step:09d}.pt"
-        if self.strategy.rank == 0:
-            path = self.snapshots.save(state, self.step)
-        # nobody runs ahead of a snapshot that is not on disk yet
-        self.strategy.sum(torch.zeros(1))
+        # nobody runs ahead of a snapshot that is not on disk yet, nor waits for one that failed
+        with self._agreed("writing a snapshot"):
+            if self.strategy.rank == 0:
+                path = self.snapshots.save(state, self.step)
         return path
 
     def _check_snapshot_folder(self) -> None:
@@ -417,10 +431,14 @@ class Trainer:
                 self.out.warn(f"this is restart attempt {attempt} of the job, but it cannot resume ({why}): "
                               "training starts afresh.")
             return None
-        if self.strategy.rank == 0:
-            self.snapshots.remove_stale_temporaries()
-        self.strategy.sum(torch.zeros(1))  # the listing happens after the clean-up, on every rank
-        path, body, skipped = self.snapshots.load_newest(self.fingerprint)
+        # the listing happens after the clean-up, on every rank
+        with self._agreed(f"cleaning up {self.snapshots.folder}"):
+            if self.strategy.rank == 0:
+                self.snapshots.remove_stale_temporaries()
+        path = body = None
+        skipped: list[str] = []
+        with self._agreed(f"loading a snapshot from {self.snapshots.folder}"):
+            path, body, skipped = self.snapshots.load_newest(self.fingerprint)
         for why in skipped:
             self.out.warn(f"{why}: skipped, resuming from an older snapshot")
         step = -1 if path is None else int(path.stem.split("-")[1])
@@ -431,7 +449,8 @@ class Trainer:
                                 "shared file system.")
         if path is None or body is None:
             return None
-        self.load_state(body, path)
+        with self._agreed(f"loading {path}"):
+            self.load_state(body, path)
         self.resumed_from = path
         return path
 
