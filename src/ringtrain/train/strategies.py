@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +78,11 @@ class Strategy(ABC):
     @abstractmethod
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``tensor`` over all ranks (a new CPU tensor)."""
+
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start :meth:`sum`; the returned function waits for it (collective: same order on every rank)."""
+        result = self.sum(tensor)
+        return lambda: result
 
     @abstractmethod
     def teardown(self, wait_for_peers: bool = True) -> None:
@@ -176,6 +181,18 @@ class DDPStrategy(Strategy):
         dist.all_reduce(work, op=dist.ReduceOp.SUM, group=self.group)
         return work.cpu()
 
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        if self.world_size == 1:
+            return super().sum_async(tensor)
+        # a CPU tensor on the default (gloo) group: it runs beside the step's NCCL or gloo traffic
+        work_tensor = tensor.detach().cpu().clone()
+        work = dist.all_reduce(work_tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return work_tensor
+        return wait
+
     def teardown(self, wait_for_peers: bool = True) -> None:
         if self._owns_group and dist.is_initialized():
             if wait_for_peers:
@@ -246,6 +263,11 @@ class HorovodStrategy(Strategy):
         name = f"ringtrain.trainer.sum.{tuple(tensor.shape)}.{tensor.dtype}"
         out = self._hvd.allreduce(tensor.detach().cpu(), name=name, op=self._hvd.Sum)
         return out.cpu()
+
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        name = f"ringtrain.trainer.sum_async.{tuple(tensor.shape)}.{tensor.dtype}"
+        handle = self._hvd.allreduce_async(tensor.detach().cpu(), name=name, op=self._hvd.Sum)
+        return lambda: self._hvd.synchronize(handle).cpu()
 
     def teardown(self, wait_for_peers: bool = True) -> None:
         if self._hvd is not None:

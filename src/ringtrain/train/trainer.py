@@ -31,6 +31,7 @@ from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
 from ringtrain.train.logs import MetricsLog, RankZero, init_logger
 from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_batch
+from ringtrain.train.preemption import Preempted, StopAgreement, StopSignals, parse_signals, signal_name
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
 from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
@@ -119,6 +120,10 @@ class Trainer:
         self.resumed_from: Path | None = None
         self._elastic_state: Any = None
         """The ``TrainerState`` that commits, in elastic mode while training."""
+        self._last_snapshot: tuple[int, Path] | None = None
+        self._stopping = self._handle_stop_signals()
+        self._stop_signal = 0
+        """The agreed signal when it came at an epoch's last step: the Trainer stops after the epoch."""
 
     def _shard(self) -> None:
         """This rank's loaders for the current world (again after an elastic reset)."""
@@ -169,7 +174,44 @@ class Trainer:
             return self._train_elastic()
         while self.epoch < c.epochs:
             self._record(self._run_epoch(self.epoch))
+            if self._stop_signal and self.epoch < c.epochs:
+                self._preempt(self._stop_signal)
+        if self._stopping is not None:
+            self._stopping.drain()
         return self.history
+
+    # --- graceful stop on a signal (ringtrain.train.preemption) -----------------------------
+
+    def _handle_stop_signals(self) -> StopAgreement | None:
+        """Note the handled signals from now on; the ranks agree on them after every step (not in elastic
+        mode, whose commits and driver handle stops)."""
+        signals = parse_signals(self.config.signals_to_handle)
+        if not signals or self.elastic:
+            return None
+        return StopAgreement(self.strategy.sum_async, StopSignals(signals).install())
+
+    def _poll_stop(self, total_batches: int) -> None:
+        """After every optimizer step, on every rank: stop here when the ranks agree a signal came."""
+        if self._stopping is None or self._stop_signal:
+            return
+        agreed = self._stopping.poll()
+        if agreed:
+            if self.batch_in_epoch < total_batches:
+                self._preempt(agreed)
+            self._stop_signal = agreed  # the epoch's last step: finish the epoch (evaluation, its snapshot)
+
+    def _preempt(self, agreed: int) -> None:
+        """Write the step-exact snapshot (unless this step's is written) and raise :class:`Preempted`."""
+        assert self._stopping is not None
+        name = signal_name(agreed, self._stopping.signals.received)
+        path = None
+        if self.snapshots is not None:
+            done = self._last_snapshot
+            path = done[1] if done and done[0] == self.step else self.save_snapshot()
+        else:
+            self.out.warn(f"stopping for {name} without a snapshot folder: nothing to resume from. HINT: "
+                          "give --snapshot-dir (TrainerConfig.snapshot_dir).")
+        raise Preempted(self.step, path, name)
 
     def _joins_running_group(self) -> bool:
         """An elastic worker started for a later generation: the running workers are past setup, so it
@@ -232,6 +274,8 @@ class Trainer:
         """
         if self.metrics_log is not None:
             self.metrics_log.close()
+        if self._stopping is not None:
+            self._stopping.signals.uninstall()
         # a DDP wrapper outliving its process group hangs in gloo's destructor: drop it first
         self.train_model = self.strategy.unwrap(self.train_model)
         gc.collect()
@@ -322,6 +366,7 @@ class Trainer:
                             self.save_snapshot()
                         if self._elastic_state is not None:
                             self._elastic_state.commit()
+                    self._poll_stop(total_batches)
                 bar.update(1, loss=loss.detach())  # read (a device sync) only when a bar shows it
         finally:
             bar.close()
@@ -401,6 +446,7 @@ class Trainer:
         with self._agreed("writing a snapshot"):
             if self.strategy.rank == 0:
                 path = self.snapshots.save(state, self.step)
+        self._last_snapshot = (self.step, path)
         return path
 
     def _check_snapshot_folder(self) -> None:
