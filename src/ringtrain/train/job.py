@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -354,8 +353,9 @@ def _launch(job: TrainJob) -> int:
         return 0
     from ringtrain.launch.config import LaunchConfig
     from ringtrain.launch.driver import launch
+    from ringtrain.launch.temp_folders import make_temp_folder
 
-    folder = Path(tempfile.mkdtemp(prefix="ringtrain-train-"))
+    folder = make_temp_folder("ringtrain-train-")  # a SIGKILL'd launcher's is removed at the next start
     try:
         if job.max_restarts and not job.trainer.snapshot_dir:
             job = _with_restart_snapshots(job, folder / "snapshots")
