@@ -66,8 +66,8 @@ def secret_from_environ(environ: Mapping[str, str]) -> str | None:
     if len(value) < MIN_SECRET_CHARS:
         raise SettingError(
             f"{ENV_SECRET} holds {len(value)} characters; a job secret needs at least {MIN_SECRET_CHARS}. "
-            f"HINT: unset {ENV_SECRET} (ringtrain run makes one per job), or export a long one to every "
-            f"node: {export_secret_line(keep_existing=False)}"
+            f"HINT: {export_secret_line(keep_existing=False)} (the same on every node), or unset "
+            f"{ENV_SECRET} and ringtrain run makes one per job."
         )
     return value
 
