@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.error_dir:
             write_error(args.error_dir, rank, message)
         print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
-        return 2
+        # The Trainer has left the group; the interpreter's own exit took another 3.5 s per rank.
+        sys.stdout.flush()
+        os._exit(2)
     except Preempted as stop:
         # every rank stopped after the same step and the snapshot is on disk; rank 0 tells the launcher
         if rank == 0 and args.error_dir:
