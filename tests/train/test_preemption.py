@@ -130,3 +130,45 @@ def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_
     body = json.loads(results.read_text())
     assert body["epochs"][-1]["steps"] == 2 * STEPS_PER_EPOCH  # the step count of an uninterrupted run
     assert body["epochs"][-1]["epoch"] == 2
+
+
+def test_the_trainer_stops_with_a_snapshot_when_the_allocation_ends_within_the_margin(tmp_path, monkeypatch):
+    from torch import nn
+
+    from ringtrain.train import Trainer, TrainerConfig
+    from ringtrain.train.preemption import Preempted
+    from ringtrain.workloads import TensorPairDataset
+
+    # Slurm's end time 60 s from now, a 120 s margin: past the deadline from the first step on
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 60))
+    g = torch.Generator().manual_seed(0)
+    data = TensorPairDataset(torch.randn(160, 4, generator=g), torch.randint(0, 2, (160,), generator=g))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), data, None,
+                      TrainerConfig(epochs=3, batch_size=16, progress=False, threads=1,
+                                    snapshot_dir=str(tmp_path), signals_to_handle="",
+                                    walltime_margin_s=120.0))
+    try:
+        with pytest.raises(Preempted) as stopped:
+            trainer.train()
+    finally:
+        trainer.close()
+    # step 1 starts the agreement's sum, step 2 reads it: every rank stops after step 2
+    assert stopped.value.step == 2
+    assert stopped.value.snapshot == tmp_path / "snapshot-000000002.pt"
+    assert stopped.value.snapshot.exists()
+    assert "allocation's end is near" in str(stopped.value)
+
+    monkeypatch.delenv("SLURM_JOB_END_TIME")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    again = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), data, None,
+                    TrainerConfig(epochs=3, batch_size=16, progress=False, threads=1,
+                                  snapshot_dir=str(tmp_path)))
+    try:
+        history = again.train()
+    finally:
+        again.close()
+    assert again.resumed_from == tmp_path / "snapshot-000000002.pt"
+    assert history[-1].steps == 30  # 160 / 16 = 10 steps an epoch, as many as without the stop

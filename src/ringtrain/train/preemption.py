@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ import torch
 PREEMPTED_EXIT = 75
 #: The signals the Trainer handles unless told otherwise (torchrun's ``--signals-to-handle`` spelling).
 DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
+#: What a rank adds to the agreement's sum when its allocation ends within the margin (not a signal).
+WALLTIME_CODE = 1000
 #: Name of the file a rank 0 that stopped for a signal leaves in ``ringtrain train``'s error folder.
 NOTE_NAME = "preempted.txt"
 
@@ -61,10 +64,16 @@ def parse_signals(text: str | Iterable[str]) -> tuple[signal.Signals, ...]:
 class StopSignals:
     """Handlers that note the first handled signal (and nothing else: the step in flight goes on)."""
 
-    def __init__(self, signals: Iterable[signal.Signals]) -> None:
+    def __init__(self, signals: Iterable[signal.Signals], deadline: float | None = None) -> None:
         self.signals = tuple(signals)
         self.received: signal.Signals | None = None
+        #: Seconds since the epoch after which this rank asks to stop as if signalled (the walltime less
+        #: the margin); None: no deadline.
+        self.deadline = deadline
         self._saved: dict[signal.Signals, Any] = {}
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() >= self.deadline
 
     def install(self) -> StopSignals:
         """Install the handlers (only the main thread can; elsewhere nothing is installed)."""
@@ -103,6 +112,8 @@ class StopAgreement:
 
     def _flag(self) -> torch.Tensor:
         got = self.signals.received
+        if got is None and self.signals.past_deadline():
+            return torch.tensor([float(WALLTIME_CODE)], dtype=torch.float64)
         return torch.tensor([float(got) if got is not None else 0.0], dtype=torch.float64)
 
     def poll(self) -> int:
@@ -124,10 +135,12 @@ class StopAgreement:
             pending()
 
 
-def signal_name(agreed: int, local: signal.Signals | None) -> str:
+def signal_name(agreed: int, local: signal.Signals | None, past_deadline: bool = False) -> str:
     """A readable name for what stopped the ranks."""
     if local is not None:
         return local.name
+    if past_deadline or agreed == WALLTIME_CODE:
+        return "the allocation's end is near"
     try:
         return signal.Signals(agreed).name
     except ValueError:

@@ -25,6 +25,7 @@ from ringtrain.engine.settings import read_knob
 from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
+from ringtrain.env.walltime import allocation_end
 from ringtrain.train import rng
 from ringtrain.train.agreement import agreed
 from ringtrain.train.config import TrainerConfig
@@ -186,9 +187,12 @@ class Trainer:
         """Note the handled signals from now on; the ranks agree on them after every step (not in elastic
         mode, whose commits and driver handle stops)."""
         signals = parse_signals(self.config.signals_to_handle)
-        if not signals or self.elastic:
+        margin = self.config.walltime_margin_s
+        end = allocation_end(os.environ) if margin is not None else None
+        if not signals and end is None or self.elastic:
             return None
-        return StopAgreement(self.strategy.sum_async, StopSignals(signals).install())
+        deadline = None if end is None or margin is None else end - margin
+        return StopAgreement(self.strategy.sum_async, StopSignals(signals, deadline).install())
 
     def _poll_stop(self, total_batches: int) -> None:
         """After every optimizer step, on every rank: stop here when the ranks agree a signal came."""
@@ -203,7 +207,8 @@ class Trainer:
     def _preempt(self, agreed: int) -> None:
         """Write the step-exact snapshot (unless this step's is written) and raise :class:`Preempted`."""
         assert self._stopping is not None
-        name = signal_name(agreed, self._stopping.signals.received)
+        stops = self._stopping.signals
+        name = signal_name(agreed, stops.received, stops.past_deadline())
         path = None
         if self.snapshots is not None:
             done = self._last_snapshot
