@@ -45,6 +45,8 @@ _EXPORTS: dict[str, str] = {
     "elastic": "ringtrain.elastic",
     # beyond Horovod: the Trainer of ringtrain.train
     **dict.fromkeys(("Trainer", "TrainerConfig"), "ringtrain.train"),
+    # beyond Horovod: a graceful stop on a scheduler's signal (docs/preemption.md)
+    **dict.fromkeys(("stop_requested", "PREEMPTED_EXIT"), "ringtrain.train.preemption"),
 }
 
 
@@ -60,7 +62,8 @@ def run(*args: Any, **kwargs: Any) -> Any:
 
 
 #: Names beyond Horovod's ``horovod.torch`` surface (the shim leaves them out).
-NOT_HOROVOD: frozenset[str] = frozenset({"run", "Trainer", "TrainerConfig"})
+NOT_HOROVOD: frozenset[str] = frozenset({"run", "Trainer", "TrainerConfig", "stop_requested",
+                                         "PREEMPTED_EXIT"})
 
 __all__ = sorted([*_EXPORTS, "run"])
 

@@ -305,6 +305,7 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
         "--no-progress", "--max-restarts", "--min-np", "--max-np", "--host-discovery-script",
         "--oversubscribe",
+        "--signals-to-handle",
     }
     for flag in dashed:
         if flag.startswith("--") and "-" in flag[2:]:

@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -409,7 +410,9 @@ def test_idle_connections_do_not_hold_up_the_job(server, store):
 
 
 def test_handshakes_are_bounded_and_have_a_deadline():
-    with job_store.JobStoreServer(SECRET, max_handshakes=8, handshake_timeout=60.0) as srv:
+    # (handshake_grace=0: the oldest gives way at once; the grace has a test of its own below)
+    with job_store.JobStoreServer(SECRET, max_handshakes=8, handshake_timeout=60.0,
+                                  handshake_grace=0.0) as srv:
         idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
         try:
             client = job_store.JobStore(srv.address, SECRET, timeout=30.0)
@@ -464,3 +467,68 @@ def test_a_relay_cannot_replay_a_request_inside_the_connection(server, store, ca
         victim.add("counter", 1)  # the server closed the connection at the repeated copy
     assert store.get("counter") == b"1"
     assert any("integrity check" in r.getMessage() for r in caplog.records)
+
+
+def test_young_handshakes_are_not_pushed_out_newcomers_are_refused_until_the_grace_passes():
+    with job_store.JobStoreServer(SECRET, max_handshakes=4, handshake_timeout=60.0,
+                                  handshake_grace=30.0) as srv:
+        first = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        try:
+            for sock in first:  # each got its greeting: the server holds all four in their handshake
+                sock.settimeout(30)
+                assert sock.recv(1)
+            with socket.create_connection(("127.0.0.1", srv.port)) as newcomer:
+                assert _wait_closed(newcomer)  # refused at once, not after 30 s
+            assert all(_still_open(sock) for sock in first)
+        finally:
+            for sock in first:
+                sock.close()
+
+
+def test_a_flood_of_connections_neither_starves_the_ranks_nor_prints_tracebacks(capfd, caplog):
+    """A bounded flood on loopback (4 threads, 5 s): ranks still connect and work; one log line."""
+    deadline_s, worst = 5.0, 0.0
+    with caplog.at_level(logging.WARNING, logger="ringtrain.security"):
+        srv = job_store.JobStoreServer(SECRET)
+        stop = threading.Event()
+        opened = [0]
+
+        def flood() -> None:
+            held: list[socket.socket] = []
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=2))
+                    opened[0] += 1
+                if len(held) > 200:
+                    for sock in held[:100]:
+                        sock.close()
+                    del held[:100]
+            for sock in held:
+                sock.close()
+
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        served = 0
+        try:
+            end = time.monotonic() + deadline_s
+            while time.monotonic() < end or served < 3:
+                started = time.monotonic()
+                rank = job_store.JobStore(srv.address, SECRET, timeout=60.0)  # a rank that starts late
+                rank.set(f"k{served}", b"v")
+                assert rank.get(f"k{served}") == b"v"
+                rank.close()
+                worst = max(worst, time.monotonic() - started)
+                served += 1
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+            srv.close()
+    err = capfd.readouterr().err
+    assert opened[0] > 100, "the flood did not flood"
+    assert served >= 3
+    assert "Traceback" not in err
+    assert "Task was destroyed" not in err
+    assert len(caplog.records) <= 2  # one line per source address (127.0.0.1), not one per connection
+    assert worst < 30, f"a rank waited {worst:.1f} s for the job store"

@@ -57,3 +57,33 @@ def test_the_job_store_takes_its_handshake_timeout_from_the_environment():
     with pytest.raises(store_host.UsageError, match="RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS"):
         store_host.host_job_store(f"127.0.0.1:{free_port()}", "a" * 64,
                                   {"RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS": "-1"})
+
+
+def test_a_short_secret_is_a_usage_error_whose_hint_makes_a_secret_that_is_accepted():
+    import subprocess
+
+    from ringtrain.engine import auth
+    from ringtrain.exceptions import UsageError
+
+    with pytest.raises(UsageError, match="RINGTRAIN_JOB_SECRET holds 7 characters") as caught:
+        store_host.node_secret({"RINGTRAIN_JOB_SECRET": "hunter2"}, whole_job_here=True)
+    hint = str(caught.value).split("HINT: ", 1)[1].split(" (the same on every node)", 1)[0]
+    # the hint, run in a shell where the short secret is still exported, replaces it
+    shell = subprocess.run(["bash", "-c", f"{hint} && printf %s \"$RINGTRAIN_JOB_SECRET\""],
+                           capture_output=True, text=True, timeout=60, check=True,
+                           env={**os.environ, "RINGTRAIN_JOB_SECRET": "hunter2"})
+    fixed = shell.stdout
+    assert len(fixed) >= auth.MIN_SECRET_CHARS
+    assert store_host.node_secret({"RINGTRAIN_JOB_SECRET": fixed}, whole_job_here=True) == fixed
+
+
+def test_ringtrain_run_refuses_a_short_secret_with_exit_2_and_no_traceback():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ringtrain.cli.main", "run", "-np", "2", sys.executable,
+                           "-c", "pass"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RINGTRAIN_JOB_SECRET": "hunter2"})
+    assert proc.returncode == 2, proc.stderr
+    assert "ringtrain run: error: RINGTRAIN_JOB_SECRET holds 7 characters" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -284,3 +284,68 @@ def test_a_lazy_load_maps_the_tensors_and_verifies_all_the_same(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(DamagedSnapshotError, match="is damaged"):
         manager.load(path, lazy=True)
+
+
+def test_a_verified_snapshot_is_preferred_to_a_newer_unverified_one(tmp_path, caplog):
+    manager = SnapshotManager(tmp_path, keep_last=5)
+    manager.save({"model": {"w": torch.ones(2)}}, step=1)
+    manager.save({"model": {"w": torch.zeros(2)}}, step=2)
+    (tmp_path / "snapshot-000000002.json").unlink()  # the newest lost its checksum file
+    path, body, skipped = manager.load_newest()
+    assert path is not None
+    assert path.name == snapshot_name(1)
+    assert torch.equal(body["model"]["w"], torch.ones(2))
+    assert len(skipped) == 1
+    assert snapshot_name(2) in skipped[0]
+    assert "no checksum file" in skipped[0]
+
+
+def test_an_unverified_snapshot_loads_only_where_none_verifies_and_says_so(tmp_path, caplog):
+    manager = SnapshotManager(tmp_path, keep_last=5)
+    manager.save({"model": {"w": torch.ones(2)}}, step=1)
+    manager.save({"model": {"w": torch.zeros(2)}}, step=2)
+    for checksum in tmp_path.glob("*.json"):
+        checksum.unlink()
+    with caplog.at_level("WARNING"):
+        path, body, skipped = manager.load_newest()
+    assert path is not None
+    assert path.name == snapshot_name(2)
+    assert skipped == []
+    assert "no snapshot there verifies: loading it unverified" in caplog.text
+
+
+def test_a_full_disk_is_reported_as_enospc_not_as_torchs_writer_position(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, fp):
+            self.fp, self.written = fp, 0
+
+        def write(self, data):
+            if self.written + len(data) > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(data)
+            return self.fp.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fp, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fp.close()
+
+    def small_disk(path, mode="r", *args, **kwargs):
+        fp = real_open(path, mode, *args, **kwargs)
+        return Full(fp) if str(path).endswith(".tmp") and "b" in mode else fp
+
+    manager = SnapshotManager(tmp_path)
+    monkeypatch.setattr(builtins, "open", small_disk)
+    with pytest.raises(SnapshotError, match=r"No space left on device \(ENOSPC\)"):
+        manager.save({"model": {"w": torch.rand(10_000)}}, step=3)
+    monkeypatch.undo()
+    assert not list(tmp_path.iterdir())  # nothing half-written is left

@@ -85,6 +85,9 @@ def register(subparsers: Any) -> None:
     snap.add_argument(*spellings("--keep-last"), type=_int, default=3, help="snapshots to keep (3)")
     snap.add_argument(*spellings("--no-resume"), dest="resume", action="store_false",
                       help="start afresh even if the snapshot folder holds snapshots")
+    snap.add_argument(*spellings("--signals-to-handle"), default="SIGTERM,SIGUSR1",
+                      help="signals that stop every rank after the same step with one snapshot; exit 75 "
+                           "(comma-separated, '' for none; SIGTERM,SIGUSR1)")
     out = p.add_argument_group("output")
     out.add_argument(*spellings("--log-dir"), help="write metrics.csv (and TensorBoard events) here")
     out.add_argument(*spellings("--results-json"),
@@ -129,7 +132,8 @@ def run_train(args: argparse.Namespace) -> int:
             save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,
             resume=args.resume, eval_every=args.eval_every, threads=args.threads,
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
-            max_steps_per_epoch=args.max_steps_per_epoch, elastic=True if elastic else None)
+            max_steps_per_epoch=args.max_steps_per_epoch, elastic=True if elastic else None,
+            signals_to_handle=args.signals_to_handle)
         job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
                        download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,

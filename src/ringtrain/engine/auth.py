@@ -66,19 +66,24 @@ def secret_from_environ(environ: Mapping[str, str]) -> str | None:
     if len(value) < MIN_SECRET_CHARS:
         raise SettingError(
             f"{ENV_SECRET} holds {len(value)} characters; a job secret needs at least {MIN_SECRET_CHARS}. "
-            f"HINT: {export_secret_line()}"
+            f"HINT: {export_secret_line(keep_existing=False)} (the same on every node), or unset "
+            f"{ENV_SECRET} and ringtrain run makes one per job."
         )
     return value
 
 
-def export_secret_line(python: str = "python3") -> str:
+def export_secret_line(python: str = "python3", keep_existing: bool = True) -> str:
     """A shell line that exports a fresh secret unless one is set (for job scripts and hints).
 
     ``python``: the interpreter the line runs (a job script's own). Used by ``ringtrain script``:
     the nodes of a Slurm job start their ranks separately and must share the secret.
+    ``keep_existing`` False: a fresh one even when one is set (the hint for a secret that was refused:
+    ``${...:-...}`` would keep the refused value).
     """
-    return (f'export {ENV_SECRET}="${{{ENV_SECRET}:-$({shlex.quote(python)} -c '
-            "'import secrets; print(secrets.token_hex(32))')}\"")
+    fresh = f"$({shlex.quote(python)} -c 'import secrets; print(secrets.token_hex(32))')"
+    if not keep_existing:
+        return f'export {ENV_SECRET}="{fresh}"'
+    return f'export {ENV_SECRET}="${{{ENV_SECRET}:-{fresh}}}"'
 
 
 def warn_unauthenticated(what: str) -> None:

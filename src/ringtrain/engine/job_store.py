@@ -36,7 +36,8 @@ an HMAC tag under a key of that connection alone, with a sequence number: a rela
 the handshake cannot change, drop, replay or reorder what follows without the other end closing
 the connection. (Traffic is not encrypted: the store holds addresses, not secrets.) Handshakes run
 concurrently, each within ``handshake_timeout`` seconds, at most ``max_handshakes`` at once (the
-oldest gives way to a new one), so idle or slow connections cannot hold up the ranks. Whatever
+oldest gives way to a new one once it has had ``handshake_grace`` seconds; until then the new one is
+refused at once), so idle or slow connections cannot hold up the ranks, nor can a flood of new ones. Whatever
 fails the handshake or breaks the protocol is closed and logged in one line (logger
 ``ringtrain.security``; the first refusal from each source address), and the job goes on.
 
@@ -82,8 +83,12 @@ __all__ = [
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: Seconds a connection gets to prove itself before it is closed.
 HANDSHAKE_TIMEOUT = 10.0
-#: Handshakes in progress at once; a new connection beyond this closes the oldest unproven one.
+#: Handshakes in progress at once; a new connection beyond this closes the oldest unproven one (once that
+#: one is older than HANDSHAKE_GRACE; until then the newcomer is refused).
 MAX_HANDSHAKES = 128
+#: Seconds a handshake in progress is safe from newer connections: while every slot holds a younger
+#: one, a newcomer is refused at once; after it, the oldest gives way (a rank's takes a round trip).
+HANDSHAKE_GRACE = 1.0
 
 log = logging.getLogger("ringtrain.security")
 
@@ -185,9 +190,11 @@ class JobStoreServer:
     """
 
     def __init__(self, secret: str | None, host: str = "127.0.0.1", port: int = 0, *,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT, max_handshakes: int = MAX_HANDSHAKES) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, max_handshakes: int = MAX_HANDSHAKES,
+                 handshake_grace: float = HANDSHAKE_GRACE) -> None:
         self._key = auth.derive_key(secret, _PURPOSE)
         self.handshake_timeout = handshake_timeout
+        self.handshake_grace = handshake_grace
         self.max_handshakes = max(1, max_handshakes)
         try:
             listener = open_listener(host, port, backlog=1024)
@@ -201,6 +208,7 @@ class JobStoreServer:
         self._logged_sources: set[str] = set()
         self._data: dict[str, bytes] = {}
         self._pending: dict[int, asyncio.StreamWriter] = {}  # handshakes in progress, oldest first
+        self._pending_since: dict[int, float] = {}
         self._clients: set[asyncio.StreamWriter] = set()
         self._next_id = 0
         self._closed = False
@@ -253,11 +261,17 @@ class JobStoreServer:
                 self._server.close()
             for writer in [*self._pending.values(), *self._clients]:
                 writer.transport.abort()
-            tasks = asyncio.all_tasks(self._loop)
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            # Connections accepted in the listener's last batch (up to a thousand under a flood) start
+            # their tasks while the first ones are cancelled: cancel until none is left, or closing the
+            # loop prints "Task was destroyed but it is pending!" with a traceback for each.
+            for _ in range(10):
+                tasks = asyncio.all_tasks(self._loop)
+                if not tasks:
+                    break
+                for task in tasks:
+                    task.cancel()
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -279,10 +293,19 @@ class JobStoreServer:
         self._next_id += 1
         if len(self._pending) >= self.max_handshakes:
             oldest = next(iter(self._pending))
+            if time.monotonic() - self._pending_since[oldest] < self.handshake_grace:
+                # Every slot holds a handshake younger than its grace: this newcomer is refused at once
+                # (a rank retries every 0.1 s). Pushing out the oldest instead let a flood, accepted up
+                # to a thousand at a time, push out a rank's handshake before it could answer, again
+                # and again (measured: no rank connection in 15 s under a loopback flood).
+                self._refuse(source, f"came while {self.max_handshakes} younger handshakes were in "
+                                     "progress", writer)
+                return
             self._pending.pop(oldest).transport.abort()  # its _serve logs the refusal
         self._pending[ident] = writer
+        self._pending_since[ident] = time.monotonic()
         try:
-            tagger = await asyncio.wait_for(self._handshake(reader, writer), self.handshake_timeout)
+            tagger = await asyncio.wait_for(self._handshake(reader, writer, ident), self.handshake_timeout)
         except TimeoutError:
             self._refuse(source, f"sent no valid proof within {self.handshake_timeout:g} s", writer)
             return
@@ -298,6 +321,7 @@ class JobStoreServer:
             return
         finally:
             self._pending.pop(ident, None)
+            self._pending_since.pop(ident, None)
         self._clients.add(writer)
         try:
             await self._requests(reader, writer, tagger)
@@ -309,7 +333,8 @@ class JobStoreServer:
             self._clients.discard(writer)
             writer.transport.abort()
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Tagger:
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         ident: int) -> _Tagger:
         server_nonce = auth.new_nonce()
         writer.write(_MAGIC + server_nonce)
         await writer.drain()
@@ -320,6 +345,9 @@ class JobStoreServer:
         if not auth.same(claimed, auth.proof(self._key, b"client", server_nonce, client_nonce)):
             # A client of another job (or an unauthenticated one) learns why, and says so clearly.
             raise _Refused("did not prove the job's secret", verdict=_REFUSED)
+        # Proven: no longer an unauthenticated handshake that a flood of newer ones may push out (it
+        # was, while its acceptance was on the way, and the rank then found its connection closed).
+        self._pending.pop(ident, None)
         writer.write(_ACCEPTED + auth.proof(self._key, b"server", server_nonce, client_nonce))
         await writer.drain()
         return _Tagger(auth.session_key(self._key, server_nonce, client_nonce), b"s", b"c")

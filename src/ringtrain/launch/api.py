@@ -10,16 +10,15 @@ from __future__ import annotations
 import io
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stderr
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.hosts import parse_hostfile, parse_hosts
+from ringtrain.launch.temp_folders import make_temp_folder
 
 
 def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
@@ -65,7 +64,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         raise ValueError(f"num_proc={num_proc} must be at least 1. HINT: pass num_proc=2 or more.")
     from ringtrain.launch.driver import launch
 
-    folder = Path(tempfile.mkdtemp(prefix="ringtrain-func-"))
+    folder = make_temp_folder("ringtrain-func-")  # a SIGKILL'd launcher's is removed at the next start
     try:
         with open(folder / "call.pkl", "wb") as fp:
             cloudpickle.dump((func, tuple(args), dict(kwargs or {})), fp)

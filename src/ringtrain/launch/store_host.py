@@ -49,7 +49,10 @@ def node_secret(environ: Mapping[str, str], whole_job_here: bool, given: str | N
     """
     if given:
         return given
-    secret = auth.secret_from_environ(environ)
+    try:
+        secret = auth.secret_from_environ(environ)
+    except SettingError as exc:  # a user's export, refused: a usage error (exit 2), not a crash
+        raise UsageError(str(exc)) from None
     if secret is not None:
         return secret
     if whole_job_here:

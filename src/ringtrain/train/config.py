@@ -75,6 +75,13 @@ class TrainerConfig:
     """Go on in process when workers fail or hosts change (Horovod elastic; strategy ``horovod``),
     committing at every epoch end and ``save_every_steps`` point. None: on when started by ringtrain
     run's elastic mode (--min-np/--max-np/--host-discovery-script)."""
+    signals_to_handle: str = "SIGTERM,SIGUSR1"
+    """Signals that stop training gracefully (comma-separated, torchrun's ``--signals-to-handle``): every
+    rank stops after the same step, one snapshot is written, and ``ringtrain train`` exits 75
+    (docs/preemption.md). '' handles none."""
+    walltime_margin_s: float | None = 120.0
+    """Where the scheduler's end time of the job is known (Slurm), stop the same graceful way this many
+    seconds before it even if no signal comes; None: do not look."""
 
     def __post_init__(self) -> None:
         _positive_int("epochs", self.epochs, 3)
@@ -114,6 +121,17 @@ class TrainerConfig:
             raise ValueError(f"elastic=True needs strategy='horovod', not {self.strategy!r}: torch's process "
                              "groups do not re-form in process. HINT: pass strategy='horovod' "
                              "(--strategy horovod).")
+        from ringtrain.train.preemption import parse_signals
+
+        if not isinstance(self.signals_to_handle, str):
+            raise ValueError(f"signals_to_handle={self.signals_to_handle!r} must be a comma-separated "
+                             "string. HINT: use signals_to_handle='SIGTERM,SIGUSR1'.")
+        parse_signals(self.signals_to_handle)
+        margin = self.walltime_margin_s
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)
+                                   or not 0 <= margin < float("inf")):
+            raise ValueError(f"walltime_margin_s={margin!r} must be a number of seconds >= 0 or None. HINT: "
+                             "use e.g. walltime_margin_s=120.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a whole number >= 0. HINT: use e.g. seed=0.")
 

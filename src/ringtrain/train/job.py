@@ -9,6 +9,7 @@ caller can report it as a usage error rather than a crash.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -16,8 +17,9 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from ringtrain.exceptions import JobError, SnapshotError
 from ringtrain.train import resuming
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.metrics import EpochResult
+from ringtrain.train.preemption import NOTE_NAME, PREEMPTED_EXIT, Preempted
 from ringtrain.train.snapshots import SnapshotManager
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -179,7 +182,7 @@ def run_job(job: TrainJob) -> list[EpochResult]:
     if config.task != workload.task:
         config = config.replace(task=workload.task)
     trainer = Trainer(model, optimizer, workload.loss(), train_ds, test_ds, config)
-    leave_group = True
+    leave_group, failed = True, False
     try:
         history = trainer.train()
         if trainer.strategy.rank == 0:
@@ -190,9 +193,14 @@ def run_job(job: TrainJob) -> list[EpochResult]:
         # snapshots are written whole or not at all.
         leave_group = trainer.strategy.world_size == 1
         raise
+    except Preempted:
+        raise  # every rank stopped after the same step, its snapshot written: leave together
+    except BaseException:
+        failed = True  # the other ranks may be in a collective this rank never reaches: no last barrier
+        raise
     finally:
         if leave_group:
-            trainer.close()
+            trainer.close(failed=failed)
     return history
 
 
@@ -354,13 +362,42 @@ def launch_job(job: TrainJob) -> int:
         return 0
     try:
         # The launcher's watchdog ends a stop that hangs with os._exit: say the same as a clean stop.
-        with at_forced_exit(lambda signum: say_stopped(signal.Signals(signum).name)):
+        with at_forced_exit(lambda signum: say_stopped(signal.Signals(signum).name)), \
+                _forwarded_as_stop(job):
             code = _launch(job)
     except KeyboardInterrupt:
         code = 128 + signal.SIGINT
+    except Preempted as stop:  # one process: the Trainer ran here
+        code = _say_preempted(str(stop))
     if code in _STOPPED_BY:
         say_stopped(_STOPPED_BY[code])
     return code
+
+
+def _say_preempted(what: str) -> int:
+    print(f"ringtrain train: {what}. Run the same command again to resume from it.", file=sys.stderr,
+          flush=True)
+    return PREEMPTED_EXIT
+
+
+@contextlib.contextmanager
+def _forwarded_as_stop(job: TrainJob) -> Iterator[None]:
+    """The handled signals the launcher does not stop on itself (SIGUSR1) become its SIGTERM, which it
+    passes to every rank and gives them their grace: the ranks handle it as the same graceful stop."""
+    from ringtrain.launch.stopping import STOP_SIGNALS
+    from ringtrain.train.preemption import parse_signals
+
+    own = {signal.Signals[name] for name in STOP_SIGNALS}
+    extra = [sig for sig in parse_signals(job.trainer.signals_to_handle) if sig not in own]
+    if job.nproc == 1 and not job.elastic or threading.current_thread() is not threading.main_thread():
+        yield  # one process: the Trainer's own handlers take it
+        return
+    saved = {sig: signal.signal(sig, lambda *_: os.kill(os.getpid(), signal.SIGTERM)) for sig in extra}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _launch(job: TrainJob) -> int:
@@ -369,8 +406,9 @@ def _launch(job: TrainJob) -> int:
         return 0
     from ringtrain.launch.config import LaunchConfig
     from ringtrain.launch.driver import launch
+    from ringtrain.launch.temp_folders import make_temp_folder
 
-    folder = Path(tempfile.mkdtemp(prefix="ringtrain-train-"))
+    folder = make_temp_folder("ringtrain-train-")  # a SIGKILL'd launcher's is removed at the next start
     try:
         if job.max_restarts and not job.trainer.snapshot_dir:
             job = _with_restart_snapshots(job, folder / "snapshots")
@@ -384,6 +422,9 @@ def _launch(job: TrainJob) -> int:
                                    min_np=job.min_np, max_np=job.max_np,
                                    host_discovery_script=job.host_discovery_script))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+        note = errors / NOTE_NAME
+        if code != 0 and note.exists():  # the ranks stopped for a signal, their snapshot written
+            return _say_preempted(note.read_text().strip())
         if code != 0 and messages:
             raise RankInputError(messages[0].read_text().strip(),
                                  reported=any(errors.glob("rank-*.reported")))
@@ -400,12 +441,14 @@ def _with_restart_snapshots(job: TrainJob, folder: Path) -> TrainJob:
     return dataclasses.replace(job, trainer=job.trainer.replace(snapshot_dir=str(folder), save_every=1))
 
 
-def write_error(folder: str | os.PathLike[str], rank: int, message: str, reported: bool = False) -> None:
+def write_error(folder: str | os.PathLike[str], rank: int, message: str, reported: bool = False,
+                name: str | None = None) -> None:
     """Leave a rank's input error where ``launch_job`` looks for it (atomically: never half a message).
 
     ``reported``: the launcher's root-cause report shows the message, so ``launch_job`` does not repeat it.
+    ``name``: another file of that folder (the preemption note).
     """
-    path = Path(folder) / f"rank-{rank}.txt"
+    path = Path(folder) / (name or f"rank-{rank}.txt")
     if reported:  # before the message: launch_job reads the two together once the ranks have ended
         (Path(folder) / f"rank-{rank}.reported").touch()
     temp = path.with_name(f".{path.name}.tmp")

@@ -19,6 +19,7 @@ unpickling), so every value inside is a tensor or a plain type.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -72,6 +73,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _os_reason(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the words and the symbol people search for."""
+    name = errno.errorcode.get(exc.errno or 0)
+    words = exc.strerror or str(exc)
+    return f"{words} ({name})" if name else words
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -83,6 +91,25 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class _WriteErrors:
+    """A binary file that remembers the OSError of a failed write: torch.save reports a full disk as
+    a RuntimeError about the zip writer's position, the ENOSPC itself is lost on the way."""
+
+    def __init__(self, fp: Any) -> None:
+        self._fp = fp
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._fp.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self._fp.flush()
 
 
 class SnapshotManager:
@@ -119,7 +146,7 @@ class SnapshotManager:
                 raise
         except OSError as exc:
             raise SnapshotError(
-                f"cannot write snapshot {final}: {exc.strerror or exc}. The snapshots already there are "
+                f"cannot write snapshot {final}: {_os_reason(exc)}. The snapshots already there are "
                 f"intact. HINT: free space in {self.folder} or point --snapshot-dir (TrainerConfig."
                 "snapshot_dir) at a writable folder, then run again to resume.") from exc
         self.prune()
@@ -143,14 +170,20 @@ class SnapshotManager:
                 os.fsync(fp.fileno())
             probe.unlink()
         except OSError as exc:
-            raise SnapshotError(f"cannot write snapshots to {folder}: {exc.strerror or exc} "
+            raise SnapshotError(f"cannot write snapshots to {folder}: {_os_reason(exc)} "
                                 f"({exc.filename or folder}). {hint}") from None
 
     def _write_temp(self, body: Mapping[str, Any], final: Path) -> Path:
         temp = final.with_name(f"{_TEMP_PREFIX}{final.stem}.{os.getpid()}.tmp")
         try:
             with open(temp, "wb") as fp:
-                torch.save(dict(body), fp)
+                out = _WriteErrors(fp)
+                try:
+                    torch.save(dict(body), out)  # type: ignore[arg-type] - a file-like writer
+                except RuntimeError:
+                    if out.error is not None:  # the disk's own error, not torch's "unexpected pos"
+                        raise out.error from None
+                    raise
                 fp.flush()
                 os.fsync(fp.fileno())
         except BaseException:
@@ -260,6 +293,9 @@ class SnapshotManager:
         if not self.verify(path):
             log.warning("%s has no checksum file (written before ringtrain checked snapshots, or the file "
                         "was removed): loading it unverified", path)
+        return self._load_body(path, fingerprint, lazy)
+
+    def _load_body(self, path: Path, fingerprint: str | None, lazy: bool = False) -> dict[str, Any]:
         body = self._read(path, lazy)
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise SnapshotError(f"{path} is not a ringtrain snapshot (no '{FORMAT}' marker). HINT: point "
@@ -295,13 +331,30 @@ class SnapshotManager:
 
         (None, None, []) when the folder holds none. Damaged snapshots are skipped for older ones;
         when every snapshot is damaged, :class:`DamagedSnapshotError` names them all. A snapshot of
-        another model (``fingerprint``) is not damage and stops the search with its error. ``lazy``: as
+        another model (``fingerprint``) is not damage and stops the search with its error. A verified
+        snapshot is preferred to a newer one without a checksum file (which is named among the skipped);
+        an unverified one is loaded only where none verifies, with a warning that says so. ``lazy``: as
         for :meth:`load`.
         """
         skipped: list[str] = []
+        unverified: list[Path] = []
         for path in reversed(self.list()):
             try:
-                return path, self.load(path, fingerprint, lazy), skipped
+                if not self.verify(path):
+                    unverified.append(path)
+                    continue
+                body = self._load_body(path, fingerprint, lazy)
+            except DamagedSnapshotError as exc:
+                skipped.append(str(exc).split(" HINT:", 1)[0])
+                continue
+            skipped += [f"{p} has no checksum file (unverified; the older {path.name} verifies)"
+                        for p in unverified]
+            return path, body, skipped
+        for path in unverified:  # newest first: none verifies
+            try:
+                log.warning("%s has no checksum file (written before ringtrain checked snapshots, or the "
+                            "file was removed) and no snapshot there verifies: loading it unverified", path)
+                return path, self._load_body(path, fingerprint, lazy), skipped
             except DamagedSnapshotError as exc:
                 skipped.append(str(exc).split(" HINT:", 1)[0])
         if skipped:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -79,9 +79,15 @@ class Strategy(ABC):
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``tensor`` over all ranks (a new CPU tensor)."""
 
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start :meth:`sum`; the returned function waits for it (collective: same order on every rank)."""
+        result = self.sum(tensor)
+        return lambda: result
+
     @abstractmethod
-    def teardown(self) -> None:
-        """Leave the job (only what ``setup`` started).
+    def teardown(self, wait_for_peers: bool = True) -> None:
+        """Leave the job (only what ``setup`` started); ``wait_for_peers`` False: without the last barrier
+        (leaving on an exception the other ranks may not share: they may never reach it).
 
         Drop what ``prepare`` returned first: a DDP wrapper freed after its process group is destroyed
         can hang in gloo's destructor (``Trainer.close`` unwraps and collects before calling this).
@@ -175,9 +181,22 @@ class DDPStrategy(Strategy):
         dist.all_reduce(work, op=dist.ReduceOp.SUM, group=self.group)
         return work.cpu()
 
-    def teardown(self) -> None:
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        if self.world_size == 1:
+            return super().sum_async(tensor)
+        # a CPU tensor on the default (gloo) group: it runs beside the step's NCCL or gloo traffic
+        work_tensor = tensor.detach().cpu().clone()
+        work = dist.all_reduce(work_tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return work_tensor
+        return wait
+
+    def teardown(self, wait_for_peers: bool = True) -> None:
         if self._owns_group and dist.is_initialized():
-            dist.barrier()
+            if wait_for_peers:
+                dist.barrier()
             dist.destroy_process_group()
         self._owns_group = False
         self.group = None
@@ -245,7 +264,12 @@ class HorovodStrategy(Strategy):
         out = self._hvd.allreduce(tensor.detach().cpu(), name=name, op=self._hvd.Sum)
         return out.cpu()
 
-    def teardown(self) -> None:
+    def sum_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        name = f"ringtrain.trainer.sum_async.{tuple(tensor.shape)}.{tensor.dtype}"
+        handle = self._hvd.allreduce_async(tensor.detach().cpu(), name=name, op=self._hvd.Sum)
+        return lambda: self._hvd.synchronize(handle).cpu()
+
+    def teardown(self, wait_for_peers: bool = True) -> None:
         if self._hvd is not None:
             self._hvd.shutdown()
             self._hvd = None

@@ -25,11 +25,14 @@ from ringtrain.engine.settings import read_knob
 from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
+from ringtrain.env.walltime import allocation_end
 from ringtrain.train import resuming, rng
+from ringtrain.train.agreement import agreed
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
 from ringtrain.train.logs import MetricsLog, RankZero, init_logger
 from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_batch
+from ringtrain.train.preemption import Preempted, StopAgreement, StopSignals, parse_signals, signal_name
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
 from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
@@ -127,6 +130,10 @@ class Trainer:
         """What resuming said: the settings applied that differ from the snapshot's run, a finished run."""
         self._elastic_state: Any = None
         """The ``TrainerState`` that commits, in elastic mode while training."""
+        self._last_snapshot: tuple[int, Path] | None = None
+        self._stopping = self._handle_stop_signals()
+        self._stop_signal = 0
+        """The agreed signal when it came at an epoch's last step: the Trainer stops after the epoch."""
 
     def _shard(self) -> None:
         """This rank's loaders for the current world (again after an elastic reset)."""
@@ -179,7 +186,48 @@ class Trainer:
             return self._train_elastic()
         while self.epoch < c.epochs:
             self._record(self._run_epoch(self.epoch))
+            if self._stop_signal and self.epoch < c.epochs:
+                self._preempt(self._stop_signal)
+        if self._stopping is not None:
+            self._stopping.drain()
         return self.history
+
+    # --- graceful stop on a signal (ringtrain.train.preemption) -----------------------------
+
+    def _handle_stop_signals(self) -> StopAgreement | None:
+        """Note the handled signals from now on; the ranks agree on them after every step (not in elastic
+        mode, whose commits and driver handle stops)."""
+        signals = parse_signals(self.config.signals_to_handle)
+        margin = self.config.walltime_margin_s
+        end = allocation_end(os.environ) if margin is not None else None
+        if not signals and end is None or self.elastic:
+            return None
+        deadline = None if end is None or margin is None else end - margin
+        return StopAgreement(self.strategy.sum_async, StopSignals(signals, deadline).install())
+
+    def _poll_stop(self, total_batches: int) -> None:
+        """After every optimizer step, on every rank: stop here when the ranks agree a signal came."""
+        if self._stopping is None or self._stop_signal:
+            return
+        agreed = self._stopping.poll()
+        if agreed:
+            if self.batch_in_epoch < total_batches:
+                self._preempt(agreed)
+            self._stop_signal = agreed  # the epoch's last step: finish the epoch (evaluation, its snapshot)
+
+    def _preempt(self, agreed: int) -> None:
+        """Write the step-exact snapshot (unless this step's is written) and raise :class:`Preempted`."""
+        assert self._stopping is not None
+        stops = self._stopping.signals
+        name = signal_name(agreed, stops.received, stops.past_deadline())
+        path = None
+        if self.snapshots is not None:
+            done = self._last_snapshot
+            path = done[1] if done and done[0] == self.step else self.save_snapshot()
+        else:
+            self.out.warn(f"stopping for {name} without a snapshot folder: nothing to resume from. HINT: "
+                          "give --snapshot-dir (TrainerConfig.snapshot_dir).")
+        raise Preempted(self.step, path, name)
 
     def _joins_running_group(self) -> bool:
         """An elastic worker started for a later generation: the running workers are past setup, so it
@@ -206,9 +254,10 @@ class Trainer:
 
     def _record(self, result: EpochResult) -> None:
         self.history.append(result)
-        self.out.print(result.summary(self.config.epochs, self.config.task))
-        if self.metrics_log is not None:
-            self.metrics_log.write(result.as_row())
+        with self._agreed(f"writing the metrics of epoch {result.epoch}"):
+            self.out.print(result.summary(self.config.epochs, self.config.task))
+            if self.metrics_log is not None:
+                self.metrics_log.write(result.as_row())
 
     # --- elastic resets ---------------------------------------------------------------------
 
@@ -233,20 +282,31 @@ class Trainer:
             self.lr_factor = float(world * c.batches_per_allreduce)
         self._lr_world = world
 
-    def close(self) -> None:
-        """Close the logs and leave the job (destroys only a process group the Trainer started)."""
+    def close(self, failed: bool = False) -> None:
+        """Close the logs and leave the job (destroys only a process group the Trainer started).
+
+        ``failed``: leaving because of an exception, which the other ranks may not share (they may be
+        inside a collective of the step): leave without waiting for them.
+        """
         if self.metrics_log is not None:
             self.metrics_log.close()
+        if self._stopping is not None:
+            self._stopping.signals.uninstall()
         # a DDP wrapper outliving its process group hangs in gloo's destructor: drop it first
         self.train_model = self.strategy.unwrap(self.train_model)
         gc.collect()
-        self.strategy.teardown()
+        self.strategy.teardown(wait_for_peers=not failed)
 
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _agreed(self, what: str) -> Any:
+        """``with self._agreed("doing X"):`` local work, then every rank raises if it failed on any."""
+        s = self.strategy
+        return agreed(s.sum, s.rank, s.world_size, what)
 
     def _run_epoch(self, epoch: int) -> EpochResult:
         c = self.config
@@ -322,6 +382,7 @@ class Trainer:
                             self.save_snapshot()
                         if self._elastic_state is not None:
                             self._elastic_state.commit()
+                    self._poll_stop(total_batches)
                 bar.update(1, loss=loss.detach())  # read (a device sync) only when a bar shows it
         finally:
             bar.close()
@@ -346,13 +407,16 @@ class Trainer:
         loader = self.eval_loader
         totals = MetricTotals()
         try:
-            for b, (features, targets) in enumerate(loader.epoch(0)):
-                features, targets = to_device(features, s.device), to_device(targets, s.device)
-                real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size, b)
-                with self._autocast():
-                    outputs = model(*as_arguments(features))
-                outputs, targets = outputs[:real].float(), targets[:real]
-                totals.add(self.loss_fn(outputs, targets), outputs, targets, c.task)
+            with self._agreed("evaluating"):
+                for b, (features, targets) in enumerate(loader.epoch(0)):
+                    features, targets = to_device(features, s.device), to_device(targets, s.device)
+                    real = real_items_in_batch(loader.dataset_size, s.world_size, s.rank, loader.batch_size,
+                                               b)
+                    with self._autocast():
+                        outputs = model(*as_arguments(features))
+                    outputs, targets = outputs[:real].float(), targets[:real]
+                    totals.add(self.loss_fn(outputs, targets), outputs, targets, c.task)
+                totals.flush()
         finally:
             model.train(was_training)
         return totals.reduce(s.sum)
@@ -396,10 +460,11 @@ class Trainer:
                              "TrainerConfig.")
         state = self.state()
         path = self.snapshots.folder / f"snapshot-{self.step:09d}.pt"
-        if self.strategy.rank == 0:
-            path = self.snapshots.save(state, self.step)
-        # nobody runs ahead of a snapshot that is not on disk yet
-        self.strategy.sum(torch.zeros(1))
+        # nobody runs ahead of a snapshot that is not on disk yet, nor waits for one that failed
+        with self._agreed("writing a snapshot"):
+            if self.strategy.rank == 0:
+                path = self.snapshots.save(state, self.step)
+        self._last_snapshot = (self.step, path)
         return path
 
     def _check_snapshot_folder(self) -> None:
@@ -430,10 +495,14 @@ class Trainer:
                 self.out.warn(f"this is restart attempt {attempt} of the job, but it cannot resume ({why}): "
                               "training starts afresh.")
             return None
-        if self.strategy.rank == 0:
-            self.snapshots.remove_stale_temporaries()
-        self.strategy.sum(torch.zeros(1))  # the listing happens after the clean-up, on every rank
-        path, body, skipped = self.snapshots.load_newest(self.fingerprint)
+        # the listing happens after the clean-up, on every rank
+        with self._agreed(f"cleaning up {self.snapshots.folder}"):
+            if self.strategy.rank == 0:
+                self.snapshots.remove_stale_temporaries()
+        path = body = None
+        skipped: list[str] = []
+        with self._agreed(f"loading a snapshot from {self.snapshots.folder}"):
+            path, body, skipped = self.snapshots.load_newest(self.fingerprint)
         for why in skipped:
             self.out.warn(f"{why}: skipped, resuming from an older snapshot")
         step = -1 if path is None else int(path.stem.split("-")[1])
@@ -445,9 +514,10 @@ class Trainer:
         if path is None or body is None:
             return None
         problem = resuming.refusal(path, body, self.config.seed, self._optimizer_class)
-        if problem:
+        if problem:  # the same snapshot and flags on every rank: each refuses alike
             raise SnapshotError(problem)
-        self.load_state(body, path)
+        with self._agreed(f"loading {path}"):
+            self.load_state(body, path)
         changed = resuming.config_changes(body, self.config.as_dict(), self.strategy.world_size,
                                           self.train_loader.dataset_size)
         changed += self._apply_hyperparameters(body)

@@ -4,7 +4,8 @@ Started by ``ringtrain run`` (or any launcher: torchrun, srun, mpirun) on every 
 Bad input exits 2 with the message in ``DIR/rank-N.txt`` for ``ringtrain train``, and in the error file
 of the elastic agent that started the rank (``TORCHELASTIC_ERROR_FILE``), whence the launcher's
 root-cause report shows it once; started without such an agent, the rank prints it on stderr.
-Anything else is a crash whose traceback reaches the launcher's root-cause report.
+A graceful stop on a handled signal exits 75 (rank 0 leaves ``DIR/preempted.txt``: ``preempted at step
+S, snapshot P``); anything else is a crash whose traceback reaches the launcher's root-cause report.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ringtrain.train.job import TrainJob, input_errors, run_job, write_error
+from ringtrain.train.preemption import NOTE_NAME, PREEMPTED_EXIT, Preempted
 
 
 @record
@@ -41,7 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_error(args.error_dir, rank, message, reported=reported)
         if not reported:
             print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
-        return 2
+        # The Trainer has left the group; the interpreter's own exit took another 3.5 s per rank.
+        sys.stdout.flush()
+        os._exit(2)
+    except Preempted as stop:
+        # every rank stopped after the same step and the snapshot is on disk; rank 0 tells the launcher
+        if rank == 0 and args.error_dir:
+            write_error(args.error_dir, rank, str(stop), name=NOTE_NAME)
+        print(f"ringtrain train: rank {rank} {stop}", file=sys.stderr, flush=True)
+        # The snapshot is fsynced and the group left: end now. The interpreter's own exit (its threads
+        # and destructors) took 3.5 s of the scheduler's grace.
+        sys.stdout.flush()
+        os._exit(PREEMPTED_EXIT)
     except KeyboardInterrupt:
         # Stopped (Ctrl-C reaches every rank): end now. A normal exit would run the destructors of the
         # process group and the DDP wrapper, which wait for peers that have stopped too.
