@@ -95,3 +95,14 @@ def test_earlier_attempts_keep_each_failure_s_traceback_short():
     assert lines[9].endswith(": rank 0 on hostB killed by SIGKILL")
     assert lines[10] == "    epoch 3/5"
     assert len(lines) == 11
+
+
+def test_other_ranks_that_said_why_they_stopped_get_a_line_each_and_repeats_none():
+    root = failure(0, 1.0, exitcode=2, message="cannot write snapshot: No space left on device (ENOSPC)")
+    told = failure(1, 2.0, exitcode=2, message="rank 0 failed writing a snapshot: ... (ENOSPC)")
+    same = failure(2, 2.5, exitcode=2, message=root.message)  # says nothing the root did not
+    stopped = failure(3, 3.0, exitcode=-signal.SIGTERM)  # stopped by its agent: nothing to say
+    text = format_report(root, 4, 4, others=[root, told, same, stopped])
+    also = [line for line in text.splitlines() if line.startswith("  also       : ")]
+    assert also == ["  also       : rank 1 on hostB exit code 2 (rank 0 failed writing a snapshot: ... (ENOSPC))"]
+    assert text.count("No space left on device") == 1

@@ -140,7 +140,8 @@ AGREED_WITHIN_S = 30.0
 
 
 def _run_until_failure(argv: list[str]) -> tuple[int, str, float]:
-    """Run ``argv``; the exit code, stderr, and seconds from rank 0's error line to the launcher's exit."""
+    """Run ``argv``; the exit code, stderr, and seconds from the root-cause report (where a rank's error
+    is told, once) to the launcher's exit."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lines, failed_at = [], None
@@ -148,7 +149,7 @@ def _run_until_failure(argv: list[str]) -> tuple[int, str, float]:
         assert proc.stderr is not None
         for line in proc.stderr:  # ends when every process holding the pipe is gone
             lines.append(line)
-            if failed_at is None and "error (rank 0)" in line:
+            if failed_at is None and "Root cause" in line:
                 failed_at = time.monotonic()
         proc.wait(timeout=AGREED_WITHIN_S)
     finally:
@@ -180,10 +181,17 @@ def full_tmpfs(tmp_path):
 def test_a_full_snapshot_folder_stops_every_rank_naming_enospc(full_tmpfs):
     code, err, seconds = _run_until_failure([*TRAIN, "--snapshot-dir", str(full_tmpfs)])
     assert code == 2, err
-    assert "error (rank 0): cannot write snapshot" in err
+    assert "  rank       : 0\n" in err
+    assert "  error      : cannot write snapshot" in err
     assert "(ENOSPC)" in err
-    assert "error (rank 1): rank 0 failed writing a snapshot: cannot write snapshot" in err
-    assert "ringtrain train: error: cannot write snapshot" in err
+    # rank 1 stopped with it: its own line, where it wrote one before the agent stopped it, names rank
+    # 0's failure and the cause (torch's agent stops the other ranks at the first failure it sees)
+    also = [line for line in err.splitlines() if line.startswith("  also       : rank 1 ")]
+    for line in also:
+        assert "rank 0 failed writing a snapshot: cannot write snapshot" in line
+        assert "(ENOSPC)" in line
+    assert err.count("cannot write snapshot") == 1 + len(also), err  # told once, not again at the end
+    assert "ringtrain train: error: the ranks stopped on an error they reported" in err
     assert "Traceback" not in err
     assert seconds < AGREED_WITHIN_S, err
 
@@ -194,8 +202,10 @@ def test_a_folder_named_like_the_next_snapshot_stops_every_rank_naming_eisdir(tm
     (snaps / "snapshot-000000010.pt").mkdir(parents=True)
     code, err, seconds = _run_until_failure([*TRAIN, "--snapshot-dir", str(snaps), "--no-resume"])
     assert code == 2, err
-    assert "error (rank 0): cannot write snapshot" in err
+    assert "  error      : cannot write snapshot" in err
     assert "(EISDIR)" in err
-    assert "error (rank 1): rank 0 failed writing a snapshot" in err
+    for line in err.splitlines():
+        if line.startswith("  also       : rank 1 "):
+            assert "rank 0 failed writing a snapshot" in line
     assert "Traceback" not in err
     assert seconds < AGREED_WITHIN_S, err

@@ -146,8 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
         if not exc.reported:
             raise UsageError(str(exc)) from None
         # the root-cause report above shows the message and its HINT: told once, pointed at here
-        raise UsageError("the ranks stopped on bad input: see the root-cause report above (its 'error' "
-                         "line names the value and the fix).") from None
+        raise UsageError("the ranks stopped on an error they reported: see the root-cause report above "
+                         "(its 'error' line names the value and the fix).") from None
     except input_errors() as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:

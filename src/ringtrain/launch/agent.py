@@ -257,7 +257,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         assert root is not None
         if history:
             root = _with_history(root, history)
-        _emit(spec, root, len(failures))
+        _emit(spec, root, failures)
         return 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
@@ -348,8 +348,8 @@ def _stderr_path(log_dir: str, output_dir: str | None, rank: int, local_rank: in
     return found
 
 
-def _emit(spec: NodeSpec, root: RankFailure, count: int) -> None:
+def _emit(spec: NodeSpec, root: RankFailure, failures: list[RankFailure]) -> None:
     if spec.failure_marker:
         print(root.to_marker(), file=sys.stderr, flush=True)
     else:
-        print(format_report(root, count), file=sys.stderr, flush=True)
+        print(format_report(root, len(failures), others=failures), file=sys.stderr, flush=True)

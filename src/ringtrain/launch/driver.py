@@ -357,8 +357,8 @@ class HostsJob:
             if not broken:
                 return 0
             root = self.lost(broken[0])
-        print(format_report(root, len(self.failures) + len(lost) or 1, world_size=self.plan.num_proc),
-              file=sys.stderr, flush=True)
+        print(format_report(root, len(self.failures) + len(lost) or 1, world_size=self.plan.num_proc,
+                            others=self.failures), file=sys.stderr, flush=True)
         for other in lost:
             if other is not root:
                 print(f"ringtrain run: also: {other.message}", file=sys.stderr, flush=True)

@@ -524,7 +524,7 @@ class ElasticDriver:
             log(f"the job stops: {reason}")
         root = earliest(self.failures)
         if root is not None:
-            print(format_report(root, len(self.failures)), file=sys.stderr, flush=True)
+            print(format_report(root, len(self.failures), others=self.failures), file=sys.stderr, flush=True)
         elif not reason:
             log("the job failed without a worker failure on record")
         return 1

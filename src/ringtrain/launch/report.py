@@ -97,8 +97,10 @@ def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
     return ordered[0][1] if ordered else None
 
 
-def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None) -> str:
-    """The text printed once when a job fails."""
+def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None,
+                  others: Sequence[RankFailure] = ()) -> str:
+    """The text printed once when a job fails; ``others``: the other failed ranks, of which those that
+    said why they stopped (in other words than the root's) get a line each."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))
     after = f" after {len(root.history) - 1} restart(s)" if len(root.history) > 1 else ""
     lines = [
@@ -122,6 +124,9 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
     if root.history:
         lines.append("  attempts   :")
         lines.extend("    " + line for line in root.history)
+    told = [other for other in others
+            if other is not root and other.message and other.message != root.message]
+    lines.extend(f"  also       : {describe(other)}" for other in told)
     if total_failed > 1:
         lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_codes
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -95,6 +96,8 @@ def agreed(sum_fn: SumFn, rank: int, world_size: int, what: str) -> Iterator[Non
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - every failure is agreed on; KeyboardInterrupt is not
+        # when it failed, before the others heard of it: the root-cause report names this rank first
+        exc.failed_at = time.time()  # type: ignore[attr-defined]
         failure = exc
     check_all(sum_fn, rank, world_size, what, failure)
 

@@ -38,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_job(job)
     except input_errors() as exc:
         message = str(exc)
-        reported = report_to_agent(message, os.environ.get("TORCHELASTIC_ERROR_FILE"))
+        reported = report_to_agent(message, os.environ.get("TORCHELASTIC_ERROR_FILE"),
+                                   getattr(exc, "failed_at", None))
         if args.error_dir:
             write_error(args.error_dir, rank, message, reported=reported)
         if not reported:
@@ -64,14 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def report_to_agent(message: str, path: str | None) -> bool:
+def report_to_agent(message: str, path: str | None, when: float | None = None) -> bool:
     """Leave ``message`` in the agent's error file (torch's layout, without a traceback: bad input is no
-    bug), where the root-cause report takes it from; returns whether it is there."""
+    bug), where the root-cause report takes it from; returns whether it is there. ``when``: the time it
+    failed (now by default; a rank that failed where all agree records it before the others heard of
+    it, so that the report's root cause is that rank, not one that stopped because of it)."""
     if not path:
         return False
+    when = time.time() if when is None else when
     body = {"message": {"message": message,
-                        "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time())),
-                                      "time": repr(time.time())}}}
+                        "extraInfo": {"py_callstack": "", "timestamp": str(int(when)), "time": repr(when)}}}
     temp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temp, "w", encoding="utf-8") as fp:
