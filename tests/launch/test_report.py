@@ -104,5 +104,6 @@ def test_other_ranks_that_said_why_they_stopped_get_a_line_each_and_repeats_none
     stopped = failure(3, 3.0, exitcode=-signal.SIGTERM)  # stopped by its agent: nothing to say
     text = format_report(root, 4, 4, others=[root, told, same, stopped])
     also = [line for line in text.splitlines() if line.startswith("  also       : ")]
-    assert also == ["  also       : rank 1 on hostB exit code 2 (rank 0 failed writing a snapshot: ... (ENOSPC))"]
+    assert also == ["  also       : rank 1 on hostB exit code 2 "
+                    "(rank 0 failed writing a snapshot: ... (ENOSPC))"]
     assert text.count("No space left on device") == 1
