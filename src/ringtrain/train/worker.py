@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -44,18 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_error(args.error_dir, rank, message, reported=reported)
         if not reported:
             print(f"ringtrain train: error (rank {rank}): {message}", file=sys.stderr, flush=True)
-        # The Trainer has left the group; the interpreter's own exit took another 3.5 s per rank.
-        sys.stdout.flush()
-        os._exit(2)
+        return 2
     except Preempted as stop:
         # every rank stopped after the same step and the snapshot is on disk; rank 0 tells the launcher
         if rank == 0 and args.error_dir:
             write_error(args.error_dir, rank, str(stop), name=NOTE_NAME)
         print(f"ringtrain train: rank {rank} {stop}", file=sys.stderr, flush=True)
-        # The snapshot is fsynced and the group left: end now. The interpreter's own exit (its threads
-        # and destructors) took 3.5 s of the scheduler's grace.
-        sys.stdout.flush()
-        os._exit(PREEMPTED_EXIT)
+        return PREEMPTED_EXIT
     except KeyboardInterrupt:
         # Stopped (Ctrl-C reaches every rank): end now. A normal exit would run the destructors of the
         # process group and the DDP wrapper, which wait for peers that have stopped too.
@@ -89,5 +85,21 @@ def report_to_agent(message: str, path: str | None, when: float | None = None) -
     return True
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the rank process with ``code`` without the interpreter's shutdown.
+
+    On bad input and on a graceful stop the Trainer has already left the group (and fsynced its
+    snapshot); the interpreter's own exit (its threads, the destructors of the process group and the
+    DDP wrapper) took another 3.5 s per rank, out of the scheduler's grace. Only for the process's
+    ``__main__``: called in-process, ``main`` returns its code.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status in (2, PREEMPTED_EXIT):
+        exit_now(status)
+    sys.exit(status)
