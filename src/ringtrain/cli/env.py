@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "env", help="show the detected launcher/scheduler and the rank, sizes and address it gives",
         description="Show which launcher or scheduler started this process (torchrun, horovodrun, Slurm, "
-                    "PBS, LSF, Open MPI, MPICH/Intel MPI, PMIx, MVAPICH, Cray PALS, or none), the "
+                    "PBS, LSF, Open MPI, MPICH/Intel MPI, PMIx, MVAPICH, Cray PALS, a Kubernetes pod of "
+                    "Kubeflow Trainer v2, a PyTorchJob, a JobSet or an MPIJob launcher, or none), the "
                     "variables it came from, the resulting placement and any inconsistencies. Run it "
                     "the way you run training, e.g. `srun ringtrain env` or `mpirun -np 2 ringtrain env`.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
