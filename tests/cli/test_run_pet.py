@@ -99,6 +99,13 @@ def test_sources_are_told() -> None:
     assert "--node-rank 1 (from PET_NODE_RANK)" in lines
 
 
+def test_empty_pet_switch_is_on_as_the_training_operator_means_it() -> None:
+    with mock.patch.dict(os.environ, {"PET_STANDALONE": ""}, clear=True):
+        assert parsed([]).standalone is True
+    with mock.patch.dict(os.environ, {"RINGTRAIN_STANDALONE": ""}, clear=True):
+        assert not parsed([]).standalone
+
+
 def test_horovodrun_flags_take_no_pet_variable() -> None:
     with mock.patch.dict(os.environ, {"PET_NUM_PROC": "4", "PET_NO_HOROVOD_SHIM": "1"}, clear=True):
         args = parsed([])

@@ -146,3 +146,15 @@ def test_mpijob_discovery_script_beside_the_hostfile(tmp_path: Path) -> None:
     script.write_text("#!/bin/sh\necho w0:1\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     assert env.discovery_script() == str(script)
+
+
+def test_mpijob_discovery_script_output_is_read_by_the_elastic_driver(tmp_path: Path) -> None:
+    # the operator's discover_hosts.sh echoes one running worker per line, without slots
+    from ringtrain.launch.elastic_hosts import parse_discovery_output
+
+    output = "job-worker-0.job.default.svc\njob-worker-1.job.default.svc\n"
+    assert parse_discovery_output(output, 2, MPIJOB_SCRIPT) == {"job-worker-0.job.default.svc": 2,
+                                                               "job-worker-1.job.default.svc": 2}
+
+
+MPIJOB_SCRIPT = "/etc/mpi/discover_hosts.sh"

@@ -119,7 +119,10 @@ class EnvFlag(argparse.Action):
         self.env_error: str | None = None
         if name in environ:
             try:
-                flag = _parse_bool(name, environ[name])
+                # The Training Operator writes PET_STANDALONE="" for `standalone: true`: a PET_ switch
+                # that is present means on (torchrun itself fails on the empty value)
+                empty_pet = name.startswith(TORCHRUN_PREFIX) and not environ[name].strip()
+                flag = True if empty_pet else _parse_bool(name, environ[name])
             except argparse.ArgumentTypeError as exc:
                 if not torchrun:
                     raise argparse.ArgumentError(None, str(exc)) from None

@@ -160,7 +160,7 @@ def mpijob(job: KubernetesJob) -> dict[str, Any]:
     del worker["env"]  # the launcher hands the secret to the ranks it starts over ssh
     return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": job.name},
             "spec": {"slotsPerWorker": job.nproc_per_node, "runPolicy": {"cleanPodPolicy": "Running"},
-                     "sshAuthMountPath": "/root/.ssh", "mpiImplementation": "OpenMPI",
+                     "mpiImplementation": "OpenMPI",
                      "mpiReplicaSpecs": {
                          "Launcher": {"replicas": 1, "restartPolicy": "OnFailure",
                                       "template": {"spec": {"containers": [launcher]}}},
