@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 
 def owns_two_or_more_cpus() -> bool:
@@ -18,3 +20,13 @@ def alive(pid: int) -> bool:
             return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` s have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False

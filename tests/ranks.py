@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -68,7 +69,11 @@ def _worker(rank: int, env: dict[str, str], conn: Any) -> None:
         except EOFError:
             return
         if message is None:
-            return
+            # Leave at once: the interpreter's own teardown of torch takes seconds on a loaded machine
+            # and checks nothing a test asked for (close() used to wait 2 s per rank, then kill it).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         fn, args, kwargs, port = message
         # A fresh rendezvous port per call: a store left bound by an earlier test (ringtrain's engine
         # keeps its base store alive across re-inits) must not collide with this test's rendezvous.
@@ -142,8 +147,11 @@ class RankPool:
                 conn.send(None)
             except (OSError, BrokenPipeError):
                 pass
+        # One deadline for the whole pool, not one per rank: the ranks leave together.
+        deadline = time.monotonic() + 5
         for proc in self._procs:
-            proc.join(timeout=2)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)

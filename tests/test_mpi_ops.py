@@ -309,7 +309,12 @@ def test_out_of_order_submission_matches_by_name(ranks2):
 
 
 def _duplicate_name_pattern() -> None:
-    """Section 0 of the API notes: rank 0 has the name pending while it waits in barrier()."""
+    """Section 0 of the API notes: rank 0 has the name pending while it waits in barrier().
+
+    Each rank checks its duplicate while the name is pending by construction: the other rank submits
+    that name only after the next barrier. (Rank 1 once checked "duplicate_name" itself, which rank 0
+    had already submitted, so its first op could complete before the second enqueue: a race.)
+    """
     ensure_init()
     rank = hvd.rank()
     tensor = torch.ones(3)
@@ -321,10 +326,15 @@ def _duplicate_name_pattern() -> None:
     hvd.barrier()
     if rank > 0:
         first = hvd.allreduce_async(tensor, name="duplicate_name")
+        # Rank 0 submits "duplicate_name_late" only after the barrier below: pending here for sure.
+        late = hvd.allreduce_async(tensor, name="duplicate_name_late")
         with pytest.raises(ValueError, match="same name"):
-            hvd.allreduce_async(tensor, name="duplicate_name")
+            hvd.allreduce_async(tensor, name="duplicate_name_late")
     hvd.barrier()
+    if rank == 0:
+        late = hvd.allreduce_async(tensor, name="duplicate_name_late")
     assert hvd.synchronize(first).tolist() == [1.0] * 3
+    assert hvd.synchronize(late).tolist() == [1.0] * 3
     # The same user name under another op is a different request.
     h1 = hvd.allgather_async(tensor, name="duplicate_name")
     h2 = hvd.allreduce_async(tensor, name="duplicate_name")

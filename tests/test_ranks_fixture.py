@@ -25,6 +25,7 @@ def test_results_in_rank_order(ranks2: RankPool) -> None:
     assert ranks2.run(_whoami) == [(0, 2), (1, 2)]
 
 
+@pytest.mark.slow
 def test_failure_carries_traceback() -> None:
     pool = RankPool(2)
     try:
@@ -35,6 +36,7 @@ def test_failure_carries_traceback() -> None:
         pool.close()
 
 
+@pytest.mark.slow
 def test_hang_is_reported_and_pool_recovers() -> None:
     pool = RankPool(2)
     try:

@@ -40,6 +40,7 @@ def test_bad_sizes_are_usage_errors_that_name_the_value(text: str) -> None:
         parse_sizes(text)
 
 
+@pytest.mark.slow
 def test_bad_option_exits_2_without_traceback() -> None:
     result = _check("--sizes", "lots")
     assert result.returncode == 2
@@ -48,6 +49,7 @@ def test_bad_option_exits_2_without_traceback() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_alone_it_is_one_rank_and_passes() -> None:
     skip_unless_collectives()
     result = _check("--sizes", "4K,64K", "--iterations", "2")
@@ -63,6 +65,7 @@ def test_alone_it_is_one_rank_and_passes() -> None:
     assert "interfaces: lo 127.0.0.1" in result.stdout
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
     skip_unless_collectives()
     result = _check("--sizes", "4K,256K", "--iterations", "2", nproc=2)
@@ -81,6 +84,7 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
     assert "all checks passed on 2 rank(s)" in result.stdout
 
 
+@pytest.mark.slow
 def test_two_ranks_under_ringtrain_run_pass() -> None:
     skip_unless_collectives()
     if not ringtrain_has_command("run"):
@@ -94,6 +98,7 @@ def test_two_ranks_under_ringtrain_run_pass() -> None:
     assert "all checks passed on 2 rank(s)" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
     skip_unless_collectives()
     # Rank 0 of 2 alone: rank 1 is never started, so the rendezvous cannot complete.
@@ -106,6 +111,7 @@ def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
     assert "rank 0 of 2, main address 127.0.0.1:" in result.stderr
 
 
+@pytest.mark.slow
 def test_json_report_from_rank_0() -> None:
     skip_unless_collectives()
     result = _check("--json", "--sizes", "4K", "--iterations", "1", nproc=2)

@@ -203,6 +203,7 @@ def read_ranks(folder: Path) -> dict[int, dict]:
     return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2, 4])
 def test_local_ranks_get_torch_and_horovod_variables(nproc, tmp_path, capsys):
     argv = ["-np", str(nproc), "python", REPORT_ENV, str(tmp_path)]
@@ -231,6 +232,7 @@ def test_local_ranks_get_torch_and_horovod_variables(nproc, tmp_path, capsys):
             assert (tmp_path / "logs" / f"rank.{rank}" / "stdout").read_text() == f"hello from rank {rank}\n"
 
 
+@pytest.mark.slow
 def test_failing_rank_is_reported_once_as_root_cause(tmp_path, capsys):
     code = main(["run", "-np", "2", REPORT_ENV, str(tmp_path), "fail"])
     err = capsys.readouterr().err
@@ -241,6 +243,7 @@ def test_failing_rank_is_reported_once_as_root_cause(tmp_path, capsys):
     assert "ValueError: rank one gives up" in err
 
 
+@pytest.mark.slow
 def test_a_failed_ranks_traceback_appears_once(tmp_path, capsys):
     # once in the rank's own output (relayed) and once in the report, it was shown twice
     code = main(["run", "-np", "2", REPORT_ENV, str(tmp_path), "fail"])
@@ -253,6 +256,7 @@ def test_a_failed_ranks_traceback_appears_once(tmp_path, capsys):
     assert "[1] ValueError: rank one gives up (traceback in the launcher's failure report)" in captured.err
 
 
+@pytest.mark.slow
 def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):
     # Two "hosts" that are both this machine: one agent each, joined by the static rendezvous.
     code = main(["run", "-H", "localhost:2,127.0.0.1:1", sys.executable, REPORT_ENV, str(tmp_path), "fail"])
@@ -267,6 +271,7 @@ def test_hosts_as_separate_nodes_on_this_machine(tmp_path, capsys):
         ("localhost", "0", "0", "2"), ("localhost", "1", "0", "1"), ("127.0.0.1", "0", "1", "2")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("hosts", "sig"), [
     (None, signal.SIGTERM), ("localhost:1,127.0.0.1:1", signal.SIGTERM), (None, signal.SIGKILL),
     ("localhost:1,127.0.0.1:1", signal.SIGKILL)])
@@ -288,6 +293,7 @@ def test_stopping_the_launcher_leaves_no_process(hosts, sig, tmp_path):
     assert not [pid for pid in pids if alive(pid)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHIM_DIR / "horovod").is_dir(), reason="the horovod shim package is not there yet")
 def test_unmodified_horovod_script_runs_through_the_shim(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "python",
@@ -383,6 +389,7 @@ def test_bad_elastic_input_exits_2_with_a_message(argv, needle, capsys):
     assert needle in err
 
 
+@pytest.mark.slow
 def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours():
     # --out, --log, --verb are prefixes of --output-filename, --log-level, --verbose
     parser = argparse.ArgumentParser(allow_abbrev=False)
@@ -454,6 +461,7 @@ def test_a_former_internal_flag_is_refused(capsys):
     assert "unrecognized arguments: --node-slots" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not owns_two_or_more_cpus(),
                     reason="needs 2 or more CPUs, none of them taken away from this process")
 def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path):

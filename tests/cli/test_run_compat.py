@@ -97,6 +97,7 @@ def test_aliases_never_replace_a_file_they_did_not_write(tmp_path, capsys):
     assert foreign.read_text() == "#!/bin/sh\necho real horovod\n"
 
 
+@pytest.mark.slow
 def test_alias_runs_ringtrain_run_with_the_arguments_unchanged(tmp_path):
     (result,) = aliases.install(tmp_path)
     assert result.path.stat().st_mode & stat.S_IXUSR
@@ -119,6 +120,7 @@ def test_aliases_stay_out_where_real_horovod_is_importable(tmp_path, monkeypatch
 
 # --- -x NAME[=VALUE] ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_x_sets_and_passes_on_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("RT_FROM_LAUNCHER", "launcher value")
     monkeypatch.setenv("RT_OVERRIDDEN", "old")
@@ -167,6 +169,7 @@ PROBE = ("import json, os, sys\n"
          "          open(os.path.join(out, os.environ['RANK'] + '.json'), 'w'))\n")
 
 
+@pytest.mark.slow
 def test_m_runs_a_module_on_every_rank(tmp_path, monkeypatch):
     (tmp_path / "rt_probe_module.py").write_text(PROBE)
     out = tmp_path / "out"
@@ -181,6 +184,7 @@ def test_m_runs_a_module_on_every_rank(tmp_path, monkeypatch):
         assert seen["args"] == [str(out), "--lr", "1"]
 
 
+@pytest.mark.slow
 def test_no_python_executes_the_command_itself(tmp_path, capsys):
     tool = tmp_path / "tool.py"  # a .py name, but a shell script: only --no-python runs it right
     tool.write_text('#!/bin/sh\necho "shell rank $RANK" > "$1/$RANK.txt"\n')
@@ -201,6 +205,7 @@ def test_no_python_refuses_a_file_that_cannot_be_executed(tmp_path, capsys):
     assert "is not an executable on PATH" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_path_runs_any_file_as_python(tmp_path, capsys):
     script = tmp_path / "train"  # no .py, not executable: only --run-path can start it
     script.write_text(PROBE)
@@ -239,6 +244,7 @@ def _logs(log_dir: Path) -> dict[tuple[int, str], str]:
     return found
 
 
+@pytest.mark.slow
 def test_log_dir_keeps_every_rank_output(tmp_path, capsys):
     log_dir = tmp_path / "logs"
     assert main(["run", "-np", "2", "--log-dir", str(log_dir), sys.executable, "-c", BOTH_STREAMS]) == 0
@@ -250,6 +256,7 @@ def test_log_dir_keeps_every_rank_output(tmp_path, capsys):
     assert "[1] out of rank 1" in captured.out  # still on the console too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "out_shown", "err_shown"), [
     ([], True, True),
     (["--redirects", "3"], False, False),
@@ -270,6 +277,7 @@ def test_redirects_keep_streams_off_the_console(flags, out_shown, err_shown, tmp
 
 # --- --local-addr, --rdzv-conf ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_local_addr_is_node_0s_address_for_the_workers_under_c10d(tmp_path):
     chosen = "127.0.0.1"
     assert socket.getfqdn() != chosen  # torch's default: the FQDN; the flag must visibly replace it
@@ -280,6 +288,7 @@ def test_local_addr_is_node_0s_address_for_the_workers_under_c10d(tmp_path):
     assert read_ranks(tmp_path)[0]["MASTER_ADDR"] == chosen
 
 
+@pytest.mark.slow
 def test_rdzv_conf_reaches_the_rendezvous(capsys):
     # Node 1 of 2 with nobody at node 0's address: the rendezvous gives up after the configured timeout.
     port = free_port()

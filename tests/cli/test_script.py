@@ -179,6 +179,7 @@ def _run_script(text: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Co
                           timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", ["pbs", "lsf"])
 def test_pbs_and_lsf_scripts_run_inside_their_documented_environment(scheduler: str, tmp_path: Path) -> None:
     """No PBS or LSF here: the script runs as the scheduler would run it on the first host of a one-node

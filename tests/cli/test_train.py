@@ -88,6 +88,7 @@ def test_corrupt_snapshot_exits_2_before_training(tmp_path, capsys):
     assert "HINT: delete" in err
 
 
+@pytest.mark.slow
 def test_a_bit_flip_in_the_latest_snapshot_is_detected_and_the_newest_good_one_resumed(tmp_path, capsys):
     snaps, results = tmp_path / "snaps", tmp_path / "results.json"
     run = ["train", "mnist", "--subset", "200", "--no-progress", "--threads", "1", "--save-every", "1",

@@ -30,7 +30,8 @@ class ElasticJob:
     """One ``ringtrain run`` elastic launcher in the background, its log, its output folder, its hosts."""
 
     def __init__(self, tmp_path: Path, hosts: list[str], flags: list[str], script_args: list[str],
-                 wrap: Callable[[list[str]], list[str]] = lambda argv: argv) -> None:
+                 wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
+                 env: dict[str, str] | None = None) -> None:
         self.out = tmp_path / "out"
         self.out.mkdir()
         self.hosts_file = tmp_path / "hosts.txt"
@@ -42,7 +43,7 @@ class ElasticJob:
         argv = [sys.executable, "-m", "ringtrain", "run", *flags, "--host-discovery-script", str(discovery),
                 sys.executable, str(SCRIPT), "--out", str(self.out), *script_args]
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(wrap(argv), stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+            self.proc = subprocess.Popen(wrap(argv), stdout=log, stderr=subprocess.STDOUT, env=clean_env(env),
                                          start_new_session=True, cwd=ROOT)
 
     def set_hosts(self, hosts: list[str]) -> None:

@@ -72,6 +72,7 @@ _DEAD_PEER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_dead_peer_surfaces_as_horovod_internal_error():
     port = free_port()
     procs = []
@@ -141,6 +142,7 @@ def test_single_process_needs_no_launcher_or_network():
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2])
 def test_reuses_a_torch_distributed_world(size):
     """A user who set up torch.distributed keeps it: init() shares its store, shutdown() leaves it."""

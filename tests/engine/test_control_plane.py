@@ -321,6 +321,7 @@ def test_garbage_is_closed_and_logged_in_one_line(caplog):
     second.close()
 
 
+@pytest.mark.slow
 def test_ranks_with_different_secrets_do_not_mesh():
     store, planes = _DictStore(), {}
     # (rank 0 waits 10 s for a rank 1 it would accept; rank 1 dials within that time)

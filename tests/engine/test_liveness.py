@@ -244,6 +244,7 @@ def _wait_ready(tmp_path: Path, size: int, procs: list[subprocess.Popen]) -> Non
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
 def test_every_survivor_raises_naming_the_rank_that_was_killed_or_hung(tmp_path, sig):
     size = 3

@@ -86,6 +86,7 @@ def _two_rank_rendezvous() -> dict:
             "sum": tensor.item(), "address": world.main_address}
 
 
+@pytest.mark.slow
 def test_two_ranks_meet_through_rank_zeros_store():
     results = run_ranks(2, _two_rank_rendezvous)
     assert [r["rank"] for r in results] == [0, 1]
@@ -115,6 +116,7 @@ def _where_is_the_store(master_port: int | None = None) -> dict:
             "secret": world.secret is not None, "warned": auth._warned, "sum": tensor.item()}
 
 
+@pytest.mark.slow
 def test_without_a_launcher_rank_zero_hosts_the_job_store_on_loopback():
     results = run_ranks(2, _where_is_the_store)
     assert [r["base"] for r in results] == ["JobStore", "JobStore"]
@@ -127,6 +129,7 @@ def test_without_a_launcher_rank_zero_hosts_the_job_store_on_loopback():
     assert results[0]["scope"] == "ringtrain/job/attempt0/gen1"
 
 
+@pytest.mark.slow
 def test_without_a_secret_the_job_runs_and_rank_zero_warns_once():
     results = run_ranks(2, _where_is_the_store, env={"RINGTRAIN_JOB_SECRET": ""})
     assert [r["sum"] for r in results] == [2.0, 2.0]
@@ -147,6 +150,7 @@ def test_the_unauthenticated_warning_is_one_line_with_the_fix(capsys, monkeypatc
     assert "export RINGTRAIN_JOB_SECRET=" in err
 
 
+@pytest.mark.slow
 def test_ranks_use_the_launchers_job_store(tmp_path):
     from ringtrain.engine import job_store
 
@@ -168,6 +172,7 @@ def _dead_attempt_keys_are_invisible() -> bool:
     return world.store.check(["k0"]) or world.store.check(["k1"])
 
 
+@pytest.mark.slow
 def test_a_restarted_attempt_never_reads_the_keys_of_a_dead_one():
     from ringtrain.engine import job_store
 
@@ -180,6 +185,7 @@ def test_a_restarted_attempt_never_reads_the_keys_of_a_dead_one():
         assert run_ranks(2, _dead_attempt_keys_are_invisible, env=env) == [False, False]
 
 
+@pytest.mark.slow
 def test_under_torchrun_rank_zero_publishes_its_job_store_through_the_agents_store():
     agent = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "tr",

@@ -41,6 +41,7 @@ def _rounds(setting: str, **env: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the tuning applies to glibc's malloc")
 def test_tuned_malloc_reuses_freed_tensor_memory_where_the_default_faults_it_in_again():
     tuned, system = _rounds("tuned"), _rounds("system")

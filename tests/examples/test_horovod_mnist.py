@@ -32,6 +32,7 @@ def test_reaches_97_percent_on_two_ranks():
     assert _accuracy(result.stdout) >= 97.0, explain(result)
 
 
+@pytest.mark.slow
 def test_smoke_fp16_checkpoint_under_ringtrain_run(tmp_path):
     checkpoint = tmp_path / "mnist.pt"
     result = run_example("horovod_mnist.py", ["--data-dir", str(MNIST), "--epochs", "1", "--train-samples",
@@ -45,6 +46,7 @@ def test_smoke_fp16_checkpoint_under_ringtrain_run(tmp_path):
     assert "[1] Train Epoch" not in result.stdout
 
 
+@pytest.mark.slow
 def test_smoke_horovod_run_api(tmp_path):
     import subprocess
 
@@ -58,6 +60,7 @@ def test_smoke_horovod_run_api(tmp_path):
     assert _accuracy(result.stdout) > 60.0, explain(result)
 
 
+@pytest.mark.slow
 def test_smoke_adasum_under_ringtrain_run():
     # --use-adasum: the delta optimizer combines each rank's update with Adasum (no LR scaling on CPU)
     result = run_example("horovod_mnist.py", ["--data-dir", str(MNIST), "--epochs", "1", "--train-samples",

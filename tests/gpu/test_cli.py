@@ -25,6 +25,7 @@ def _ringtrain(*args: str, nproc: int = 1, timeout: float = TIMEOUT) -> subproce
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("device", "nproc"), [
     pytest.param("cpu", 2, id="cpu-2"),
     pytest.param("cuda", 1, id="cuda-1", marks=pytest.mark.cuda),
@@ -46,6 +47,7 @@ def test_check_passes_on_the_device(device: str, nproc: int) -> None:
         assert all(line.endswith("device cpu)") for line in hellos), hellos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("device", "nproc", "extra"), [
     pytest.param("cpu", 2, ["--strategy", "horovod", "--amp"], id="cpu-2-horovod-amp"),
     pytest.param("cuda", 1, [], id="cuda-1", marks=pytest.mark.cuda),
@@ -68,6 +70,7 @@ def test_train_mnist_on_the_device(device: str, nproc: int, extra: list[str], tm
     assert rows[-1]["accuracy"] > 0.5  # 2000 MNIST digits, 2 epochs: far above chance (0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("device", "amp"), [
     pytest.param("cpu", [], id="cpu"),  # bf16 autocast is slow on most CPUs: the GPU run has --amp
     pytest.param("cuda", ["--amp"], id="cuda-amp", marks=pytest.mark.cuda),

@@ -333,8 +333,9 @@ STUBBORN = ("import os, signal, time\n"
             "    time.sleep(1)\n")
 
 
-def test_a_second_ctrl_c_kills_the_ranks_on_every_host_at_once(hosts, tmp_path):
-    job = Job(hosts, tmp_path, command=(sys.executable, "-c", STUBBORN))
+def press_ctrl_c_twice(job: Job) -> int:
+    """Once both stubborn ranks are ready: Ctrl-C, and again once the launcher announced the stop;
+    the launcher's exit code, which must come well inside the 30 s the ranks would otherwise get."""
     try:
         wait_for(lambda: job.output().count("ready") == 2 or job.proc.poll() is not None, 300,
                  "both ranks to start", logs=[job.log])
@@ -345,9 +346,15 @@ def test_a_second_ctrl_c_kills_the_ranks_on_every_host_at_once(hosts, tmp_path):
         time.sleep(1.5)  # a second press, not the first delivered twice
         assert job.proc.poll() is None, job.output()  # the ranks ignore the first: they have 30 s
         job.proc.send_signal(signal.SIGINT)
-        code, seconds = job.wait(timeout=20)  # well inside the 30 s the ranks would otherwise get
+        code, _ = job.wait(timeout=20)  # well inside the 30 s the ranks would otherwise get
     finally:
         job.kill()
+    return code
+
+
+def test_a_second_ctrl_c_kills_the_ranks_on_every_host_at_once(hosts, tmp_path):
+    job = Job(hosts, tmp_path, command=(sys.executable, "-c", STUBBORN))
+    code = press_ctrl_c_twice(job)
     output = job.output()
     assert code == 128 + signal.SIGINT, output
     assert "SIGINT again: killing the ranks on every host now." in output

@@ -15,7 +15,8 @@ the last snapshot), and the right final epoch and step count. Kinds:
   (``import horovod.torch as hvd``, a checkpoint every 20 steps)
 
 Run ``python -m tests.launch.restart_trials --trials 10`` for the acceptance count of issue 10
-(every kind, 10 trials each); ``tests/launch/test_restarts.py`` runs 3 of each.
+(every kind, 10 trials each); ``tests/launch/test_restarts.py`` runs one of each in the full suite
+(``RINGTRAIN_RESTART_TRIALS`` of each where that variable is set).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ def read_ranks(folder: Path) -> dict[int, dict]:
     return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
 
 
+@pytest.mark.slow
 def test_ranks_get_the_spec_variables_and_ours_are_restored(tmp_path):
     assert "RINGTRAIN_TEST_VARIABLE" not in os.environ
     handler = signal.getsignal(signal.SIGTERM)
@@ -44,6 +45,7 @@ def test_ranks_get_the_spec_variables_and_ours_are_restored(tmp_path):
     assert signal.getsignal(signal.SIGTERM) == handler
 
 
+@pytest.mark.slow
 def test_a_python_rank_that_raises_is_the_root_cause_with_its_traceback(tmp_path, capsys):
     node = spec(host="node7")
     assert run_node(node, [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
@@ -56,6 +58,7 @@ def test_a_python_rank_that_raises_is_the_root_cause_with_its_traceback(tmp_path
     assert 'raise ValueError("rank one gives up")' in err  # the user's frame, not ours
 
 
+@pytest.mark.slow
 def test_a_program_that_exits_non_zero_is_reported_with_its_last_output(tmp_path, capsys):
     script = "echo 'about to fail' >&2; [ \"$RANK\" = 1 ] && exit 3; sleep 30"
     assert run_node(spec(), ["sh", "-c", script]) == 1
@@ -72,6 +75,7 @@ GPU_SCRIPTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is visible here")
 @pytest.mark.parametrize("name", sorted(GPU_SCRIPTS))
 def test_a_rank_that_asks_for_a_gpu_where_none_is_visible_gets_a_hint(name, tmp_path, capsys):
@@ -85,11 +89,13 @@ def test_a_rank_that_asks_for_a_gpu_where_none_is_visible_gets_a_hint(name, tmp_
     assert "--device cpu" in err
 
 
+@pytest.mark.slow
 def test_an_ordinary_failure_gets_no_gpu_hint(tmp_path, capsys):
     assert run_node(spec(), [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
     assert "no CUDA device" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_driven_agent_prints_a_marker_instead_of_the_report(tmp_path, capsys):
     assert run_node(spec(failure_marker=True), [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1
     lines = capsys.readouterr().err.splitlines()
@@ -98,6 +104,7 @@ def test_a_driven_agent_prints_a_marker_instead_of_the_report(tmp_path, capsys):
     assert not [line for line in lines if "Root cause" in line]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("marker", [False, True])
 def test_a_node_that_cannot_reach_node_0_says_where_it_looked(marker, capsys):
     closed = free_port()
@@ -146,6 +153,7 @@ def test_signal_handlers_come_back():
         signal.signal(signal.SIGTERM, saved)
 
 
+@pytest.mark.slow
 def test_restarts_that_run_out_report_the_first_failure_and_every_attempt(tmp_path, capsys):
     node = spec(max_restarts=2)
     assert run_node(node, [sys.executable, REPORT_ENV, str(tmp_path), "fail"]) == 1

@@ -17,10 +17,12 @@ def fails_on_rank_one():
     return 0
 
 
+@pytest.mark.slow
 def test_results_in_rank_order_with_deprecated_np():
     assert run(rank_times, args=(10,), np=3) == [(0, 3), (10, 3), (20, 3)]
 
 
+@pytest.mark.slow
 def test_failure_raises_with_the_root_cause():
     with pytest.raises(RuntimeError, match="missing on rank one"):
         run(fails_on_rank_one, num_proc=2)

@@ -15,7 +15,7 @@ import pytest
 
 import ringtrain.launch.driver as driver
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import store_host
+from ringtrain.launch import link, store_host
 from ringtrain.launch.config import DriverLink, LaunchConfig
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
@@ -117,6 +117,7 @@ class Agent:
         self.proc.stdin.close()
 
 
+@pytest.mark.slow
 def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
     config = driven_config(tmp_path)
     code, out, err = Agent(config, tmp_path).wait()
@@ -136,6 +137,7 @@ def test_an_agent_runs_its_node_from_the_json_alone(tmp_path):
     assert "[1] hello from rank 1" in out
 
 
+@pytest.mark.slow
 def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
     agent = Agent(driven_config(tmp_path), tmp_path, secret=None)
     agent.proc.stdin.close()  # the driver went away before handing anything over
@@ -145,6 +147,7 @@ def test_a_driven_agent_without_the_handover_starts_no_rank(tmp_path):
     assert read_ranks(tmp_path / "ranks") == {}
 
 
+@pytest.mark.slow
 def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
     code, _, err = Agent(driven_config(tmp_path, "fail"), tmp_path).wait()
     assert code == 1
@@ -155,6 +158,7 @@ def test_a_driven_agent_reports_a_failure_as_a_marker_for_its_driver(tmp_path):
     assert "Root cause" not in err  # the driver prints the one report
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
     agent = Agent(driven_config(tmp_path, "sleep"), tmp_path)
     try:
@@ -166,17 +170,18 @@ def test_a_driven_agent_stops_its_ranks_when_its_stdin_closes(tmp_path):
         agent.stop()
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_request(tmp_path):
     agent = Agent(driven_config(tmp_path, "stubborn"), tmp_path)
     try:
         pids = agent.rank_pids(tmp_path / "ranks")
-        agent.proc.stdin.write(driver.STOP_REQUEST + b"\n")
+        agent.proc.stdin.write(link.STOP_REQUEST + b"\n")
         agent.proc.stdin.flush()
         # The ranks ignore the stop: the agent gives them its grace, stdin still open.
         with pytest.raises(subprocess.TimeoutExpired):
             agent.proc.wait(timeout=3)
         assert all(alive(pid) for pid in pids)
-        agent.proc.stdin.write(driver.KILL_REQUEST + b"\n")
+        agent.proc.stdin.write(link.KILL_REQUEST + b"\n")
         agent.proc.stdin.flush()
         # Well inside the 30 s the ranks would otherwise get.
         assert agent.proc.wait(timeout=20) == 128 + signal.SIGTERM
@@ -185,6 +190,7 @@ def test_a_driven_agent_stops_on_a_stop_request_and_kills_its_ranks_on_a_kill_re
         agent.stop()
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path):
     (tmp_path / "ranks").mkdir()
     hosts = "localhost:1,127.0.0.1:1"  # two nodes, each with an agent the driver starts
@@ -211,6 +217,7 @@ def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, monkeypatch):
     # The driver beats on the agent's stdin; a link cut leaves the pipe open but silent.
     monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "2")
@@ -232,6 +239,7 @@ def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, m
         agent.stop()
 
 
+@pytest.mark.slow
 def test_an_agent_whose_driver_never_beats_judges_only_eof(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGTRAIN_PEER_TIMEOUT_SECONDS", "1")
     code, _, err = Agent(driven_config(tmp_path), tmp_path).wait()
@@ -303,16 +311,6 @@ def test_check_build_prints_what_this_installation_has(capsys):
     assert "Available Frameworks:" in out
     assert "[X] PyTorch" in out
     assert "[X] Gloo" in out
-
-
-def test_live_children_sees_a_running_child_but_not_a_zombie():
-    child = subprocess.Popen(["sleep", "60"])
-    try:
-        assert child.pid in driver.live_children(os.getpid())
-    finally:
-        child.kill()
-    assert wait_until(lambda: child.pid not in driver.live_children(os.getpid()), timeout=10)
-    child.wait()
 
 
 def test_notes_are_printed_once_and_verbose_shows_the_table(tmp_path, capsys):

@@ -126,6 +126,7 @@ def test_a_live_line_that_would_wrap_is_cut_to_the_terminal(tmp_path):
     relay.stop()
 
 
+@pytest.mark.slow
 def test_a_user_script_s_bar_is_live_under_a_terminal_and_other_ranks_stay_whole(tmp_path):
     run = PtyRun([sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, BARS, str(tmp_path)],
                  columns=100)
@@ -151,6 +152,7 @@ def test_a_user_script_s_bar_is_live_under_a_terminal_and_other_ranks_stay_whole
     assert run.raw.count("\r[0] work:") >= 2  # drawn again and again on the same row
 
 
+@pytest.mark.slow
 def test_a_user_script_s_bar_through_a_pipe_is_a_few_whole_lines(tmp_path):
     logs = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "--output-filename",

@@ -180,6 +180,7 @@ def test_a_node_that_comes_after_the_round_formed_is_refused_alone(server):
             h.shutdown()
 
 
+@pytest.mark.slow
 def test_losing_node_0_is_named(server):
     other = handler(server, view(1))
     try:

@@ -172,6 +172,7 @@ def _wait_for(lines: queue.Queue[str], needle: str, seen: list[str]) -> None:
             return
 
 
+@pytest.mark.slow
 def test_ringtrain_run_a_second_ctrl_c_kills_ranks_that_ignore_the_first(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)

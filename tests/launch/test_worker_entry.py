@@ -6,7 +6,16 @@ import subprocess
 import sys
 import time
 
-from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE, agent_pid, horovod_variables, is_python
+import pytest
+
+from ringtrain.launch.worker_entry import (
+    AGENT_PID_VARIABLE,
+    NO_PYTHON_VARIABLE,
+    agent_pid,
+    horovod_variables,
+    is_python,
+    runs_in_process,
+)
 from tests.processes import alive
 
 
@@ -46,6 +55,21 @@ def test_python_names():
     assert is_python("/usr/bin/python3.11")
     assert not is_python("pythonista")
     assert not is_python("bash")
+
+
+@pytest.mark.parametrize(("argv", "here"), [
+    (["python", "train.py", "--lr", "1"], True),
+    (["python3", "-m", "pkg.train"], True),
+    (["python", "-c", "pass"], True),
+    (["train.py"], True),
+    (["python", "-m"], False),  # exec'd: Python itself says what is missing
+    (["python", "-u", "train.py"], False),  # an interpreter flag first: exec'd as given
+    (["python"], False),
+    (["bash", "run.sh"], False),
+])
+def test_runs_in_process_says_which_commands_run_here_and_which_are_execd(argv, here):
+    assert runs_in_process(argv, {}) is here
+    assert runs_in_process(argv, {NO_PYTHON_VARIABLE: "1"}) is False  # --no-python: always exec'd
 
 
 def test_the_error_file_is_never_left_half_written(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ def _check_results(out_dir: Path) -> None:
     assert results[0]["weight"] == results[1]["weight"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["python -m ringtrain.shim", "PYTHONPATH"])
 def test_unmodified_script_on_two_ranks(tmp_path, how):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]

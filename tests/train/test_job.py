@@ -93,6 +93,7 @@ def test_write_error_leaves_the_message_where_launch_job_reads_it(tmp_path):
     assert (tmp_path / "rank-3.txt").read_text() == "--data-dir x: no MNIST files. HINT: download them\n"
 
 
+@pytest.mark.slow
 def test_bad_input_inside_the_ranks_comes_back_as_a_job_error(tmp_path, capfd):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -31,6 +31,7 @@ KILLED_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_writer_killed_before_rename_leaves_previous_snapshot(tmp_path):
     proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], capture_output=True,
                           timeout=120)
@@ -61,6 +62,7 @@ KILLED_MID_WRITE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_write_never_leaves_a_partial_snapshot(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)], stdout=subprocess.PIPE)
     try:
@@ -221,6 +223,7 @@ def test_a_writer_killed_between_checksum_and_commit_leaves_nothing_listed(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot-000000001.json", snapshot_name(1)]
 
 
+@pytest.mark.slow
 def test_writer_killed_at_a_random_moment_leaves_a_good_newest_snapshot(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)], stdout=subprocess.PIPE)
     try:

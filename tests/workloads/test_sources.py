@@ -159,6 +159,7 @@ def _download_in_a_rank(spec: object, cache: str) -> tuple[str, int]:
     return wl.source.kind, len(train)
 
 
+@pytest.mark.slow
 def test_ranks_sharing_a_cache_download_once(tmp_path: Path) -> None:
     mirror, wl = _served_embedded_copy(tmp_path)
     requests: list[str] = []

@@ -31,6 +31,7 @@ def _fit(wl: Workload, train: TensorPairDataset, epochs: int, batch_size: int, l
     return model.eval()
 
 
+@pytest.mark.slow
 def test_mnist_cnn_learns_the_embedded_digits() -> None:
     wl = get_workload("mnist")
     train, test = wl.datasets(subset=2000, seed=0)
@@ -51,6 +52,7 @@ def test_movielens_defaults_beat_the_global_mean(shared_data: Path) -> None:
     assert rmse < 0.9 * baseline
 
 
+@pytest.mark.slow
 def test_synthetic_images_are_learned_over_epochs_but_not_perfectly() -> None:
     wl = get_workload("synthetic", size=4096, test_size=1024)
     train, test = wl.datasets()

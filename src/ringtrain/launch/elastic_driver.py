@@ -2,10 +2,12 @@
 
 Horovod's elastic model (``--min-np/--max-np/--host-discovery-script``), without torch's agent:
 
-- The driver hosts the job store (:mod:`ringtrain.engine.jobstore`) with a fresh per-job secret,
+- The driver hosts the job store (:mod:`ringtrain.engine.job_store`) with a fresh per-job secret,
   which workers get in their environment (local ones) or on their stdin (ssh), never in argv.
 - It runs the discovery (script or fixed hosts) every second, starts one worker process per slot
-  (``python -m ringtrain.launch.elastic_worker COMMAND``; directly here, over ssh elsewhere) and
+  (``python -m ringtrain.launch.elastic_worker COMMAND``; directly here, over ssh elsewhere; each a
+  group of :mod:`ringtrain.launch.supervision`, watched with heartbeats like the static driver's
+  hosts, given 30 s to stop, killed at once on a second Ctrl-C) and
   publishes each *generation* of the group: every worker's rank, size, local and cross rank/size and
   host name (:mod:`ringtrain.engine.elastic_rendezvous`).
 - When a worker dies, its peers' collectives fail (``HorovodInternalError``); ``hvd.elastic.run``
@@ -36,12 +38,15 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from ringtrain.engine import elastic_rendezvous as rdzv
-from ringtrain.engine import jobstore
+from ringtrain.engine import job_store
 from ringtrain.engine.auth import ENV_SECRET
+from ringtrain.engine.netutil import route_address
+from ringtrain.engine.settings import read_knob
 from ringtrain.exceptions import UsageError
+from ringtrain.launch import link, supervision
 from ringtrain.launch.config import LaunchConfig, worker_environment
 from ringtrain.launch.elastic_hosts import (
     DEFAULT_FAILURES_TO_BLACKLIST,
@@ -54,20 +59,15 @@ from ringtrain.launch.elastic_hosts import (
 )
 from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN, UNREACHABLE_EXIT
 from ringtrain.launch.hosts import is_local_host
-from ringtrain.launch.remote import cwd_for_remote, forwarded_environment, remote_command
+from ringtrain.launch.places import PLACES
+from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.stopping import stopping_line
 
 #: Seconds between two runs of the discovery (horovodrun's DISCOVER_HOSTS_FREQUENCY_SECS).
 DISCOVERY_PERIOD = 1.0
 #: horovodrun's default --elastic-timeout (also HOROVOD_ELASTIC_TIMEOUT).
 DEFAULT_ELASTIC_TIMEOUT = 600.0
-#: Seconds workers get to stop after SIGTERM (or end-of-file on stdin) before they are killed.
-SHUTDOWN_GRACE = 15.0
-#: ssh keep-alives: a remote host that stops answering ends its workers' sessions after ~15 s.
-SSH_ALIVE_OPTIONS = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
-#: ssh's exit code when it could not connect or run the command.
-SSH_FAILED = 255
-_TICK = 0.05
 #: Variables of an enclosing launcher that must not leak into workers (their rank comes from us).
 _FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -117,70 +117,15 @@ def _read_number(environ: Mapping[str, str], name: str, default: float, unit: st
     return value
 
 
-def _route_address(host: str) -> str:
-    """The address of this machine that ``host`` reaches (the job store's address for its workers)."""
-    try:
-        target = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((target, 9))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.getfqdn()
-
-
+@dataclass
 class Worker:
-    """One worker process (local, or the ssh session of a remote one) and the threads relaying its output."""
+    """One worker of the job: its id, its slot's local rank, and the group (of one rank) it runs as."""
 
-    def __init__(self, wid: str, host: str, local_rank: int, argv: list[str], env: dict[str, str] | None,
-                 remote: bool, secret: str, lock: threading.Lock) -> None:
-        self.wid, self.host, self.local_rank, self.remote = wid, host, local_rank, remote
-        self.lock = lock
-        self.tail: list[str] = []
-        self.started = time.time()
-        self.ended: float | None = None
-        #: The driver has taken note of the exit (failures are recorded once).
-        self.reaped = False
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        if remote:
-            # The secret travels on the ssh channel, never on the remote command line.
-            with contextlib.suppress(OSError):
-                self.proc.stdin.write(secret.encode() + b"\n")  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-        self.threads = [threading.Thread(target=self._relay, args=(self.proc.stdout, sys.stdout, False),
-                                         daemon=True),
-                        threading.Thread(target=self._relay, args=(self.proc.stderr, sys.stderr, True),
-                                         daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _relay(self, stream: IO[bytes], dest: IO[str], is_err: bool) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace")
-            with self.lock:
-                if is_err:
-                    self.tail = (self.tail + [line])[-20:]
-                dest.write(line)
-                dest.flush()
-
-    def poll(self) -> int | None:
-        code = self.proc.poll()
-        if code is not None and self.ended is None:
-            self.ended = time.time()
-        return code
-
-    def stop(self) -> None:
-        """Ask the worker to end: end-of-file on its stdin (also over ssh), SIGTERM when local."""
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        if not self.remote and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+    wid: str
+    local_rank: int
+    group: supervision.RankGroup
+    #: The driver has taken note of the exit (failures are recorded once).
+    reaped: bool = False
 
 
 class ElasticDriver:
@@ -199,7 +144,7 @@ class ElasticDriver:
             self.discovery = FixedHosts({"localhost": self.settings.num_proc}, "this machine")
         self.registry = HostRegistry(cooldown_range=self.settings.cooldown_range,
                                      failures_to_blacklist=self.settings.failures_to_blacklist)
-        self.secret = jobstore.new_secret()
+        self.secret = job_store.new_secret()
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.failures: list[RankFailure] = []
@@ -218,7 +163,11 @@ class ElasticDriver:
         self.survivors: dict[str, Survivor] = {}
         self.waiting_since: float | None = None
         self.next_id = 0
-        self.signals: list[int] = []
+        self.signals = supervision.StopSignals()
+        # A worker silent for this long is given up, as the static driver gives up a silent host.
+        peer_timeout = float(read_knob("peer_timeout_s", self.environ))
+        self.silence_limit = link.contact_timeout(peer_timeout)
+        self.pulse = supervision.Pulse(link.beat_interval(peer_timeout))
         self._stopping = threading.Event()
         self._discovery_problem: str | None = None
 
@@ -233,8 +182,8 @@ class ElasticDriver:
 
     def _store_address_for(self, host: str, port: int) -> str:
         if is_local_host(host):
-            return jobstore.join_address("127.0.0.1", port)
-        return jobstore.join_address(_route_address(host), port)
+            return job_store.join_address("127.0.0.1", port)
+        return job_store.join_address(route_address(host) or socket.getfqdn(), port)
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -242,22 +191,19 @@ class ElasticDriver:
             self.registry.update(self.discovery.find())
         except DiscoveryError as exc:
             raise UsageError(str(exc)) from None
-        self.server = jobstore.JobStoreServer(self.secret, host=self._bind_host())
-        self.store = jobstore.JobStore(jobstore.join_address("127.0.0.1", self.server.port), self.secret,
+        self.server = job_store.JobStoreServer(self.secret, host=self._bind_host())
+        self.store = job_store.JobStore(job_store.join_address("127.0.0.1", self.server.port), self.secret,
                                        timeout=60.0)
         thread = threading.Thread(target=self._discover, name="ringtrain-elastic-discovery", daemon=True)
         thread.start()
-        saved = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                saved[sig] = signal.signal(sig, lambda signum, _frame: self.signals.append(signum))
         try:
-            return self._loop()
+            with self.signals:
+                try:
+                    return self._loop()
+                finally:
+                    self._stopping.set()
+                    self._stop_workers()
         finally:
-            self._stopping.set()
-            self._stop_workers()
-            for sig, handler in saved.items():
-                signal.signal(sig, handler)
             self.store.close()
             self.server.close()
 
@@ -278,11 +224,13 @@ class ElasticDriver:
     def _loop(self) -> int:
         self.waiting_since = time.monotonic()
         while True:
-            if self.signals:
-                log(f"stopped by {signal.Signals(self.signals[0]).name}; every worker was stopped.")
-                return 128 + self.signals[0]
+            if self.signals.first is not None:
+                log(stopping_line(self.signals.first, supervision.SHUTDOWN_GRACE, where=" on every host"))
+                log(f"stopped by {signal.Signals(self.signals.first).name}; every worker was stopped.")
+                return 128 + self.signals.first
             for back in self.registry.refresh():
                 log(f"host {back} is back from the blacklist (its cooldown ended)")
+            self._watch_liveness()
             self._reap()
             if self.assignment is None or self.waiting_since is not None:
                 result = self._try_to_form()
@@ -290,16 +238,24 @@ class ElasticDriver:
                 result = self._watch_generation()
             if result is not None:
                 return result
-            time.sleep(_TICK)
+            time.sleep(supervision.TICK)
 
     # --- workers coming and going ----------------------------------------------------------------
+    def _watch_liveness(self) -> None:
+        """Heartbeats to the running workers; one silent for the peer timeout is killed as lost."""
+        running = [w.group for w in self.workers.values() if not w.reaped]
+        self.pulse(running)
+        for group in running:
+            if group.check_silence(self.silence_limit):
+                group.kill()  # its ssh waits on a dead connection: nothing more will come through it
+
     def _reap(self) -> None:
         members = self.assignment.workers if self.assignment else {}
         for wid, worker in self.workers.items():
-            if worker.reaped or worker.poll() is None:
+            code = worker.group.poll()
+            if worker.reaped or code is None:
                 continue
             worker.reaped = True
-            code = worker.proc.returncode
             slot = members.get(wid)
             if wid in self.survivors and code != 0:
                 # A survivor died while waiting for the next generation.
@@ -310,28 +266,35 @@ class ElasticDriver:
             self._record_failure(worker, code, rank=slot.rank)
 
     def _record_failure(self, worker: Worker, code: int, rank: int) -> None:
-        for t in worker.threads:
-            t.join(timeout=2.0)
-        failure = RankFailure(host=worker.host, rank=rank, local_rank=worker.local_rank, exitcode=code,
-                              pid=worker.proc.pid, time=worker.ended or time.time(),
+        group = worker.group
+        group.join_output(timeout=2.0)
+        failure = RankFailure(host=group.host, rank=rank, local_rank=worker.local_rank, exitcode=code,
+                              pid=group.pid, time=group.ended_at or time.time(),
                               message=f"elastic worker {worker.wid} (generation {self.generation})",
-                              output_tail="".join(worker.tail))
+                              output_tail="".join(group.tail),
+                              state="unreachable" if group.silent_for is not None else "")
         self.failures.append(failure)
         reached = self.store.check([rdzv.alive_key(worker.wid)])
         what = failure.status()
-        if not reached and code == UNREACHABLE_EXIT:
+        if group.silent_for is not None:
+            what = (f"lost contact with host {group.host}: no word from the worker for "
+                    f"{group.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or the "
+                    "network to it is cut")
+        elif not reached and code == UNREACHABLE_EXIT:
             what = "it could not reach the job store from its host"
-        elif not reached and worker.remote and code == SSH_FAILED:
-            what = f"ssh could not start it ({(worker.tail or ['no output'])[-1].strip()})"
-        log(f"worker {worker.wid} (rank {rank} on {worker.host}) failed: {what}")
-        if not reached and code in (UNREACHABLE_EXIT, SSH_FAILED):
+        elif not reached and group.unreachable():
+            what = f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
+        elif group.lost_contact():  # ssh's keep-alives gave up on the host before the heartbeats did
+            what = group.describe_end(f"worker {worker.wid}")
+        log(f"worker {worker.wid} (rank {rank} on {group.host}) failed: {what}")
+        if not reached and (code == UNREACHABLE_EXIT or group.unreachable()):
             # The host cannot run workers at all: no second try.
-            self.registry.record_unreachable(worker.host, f"worker {worker.wid}: {what}")
-            log(f"host {worker.host} is blacklisted: no worker can start there")
-        elif worker.host not in self.failed_hosts:
-            self.failed_hosts.add(worker.host)
-            if self.registry.record_failure(worker.host, f"worker {worker.wid}: {what}"):
-                log(f"host {worker.host} is blacklisted after repeated failures "
+            self.registry.record_unreachable(group.host, f"worker {worker.wid}: {what}")
+            log(f"host {group.host} is blacklisted: no worker can start there")
+        elif group.host not in self.failed_hosts:
+            self.failed_hosts.add(group.host)
+            if self.registry.record_failure(group.host, f"worker {worker.wid}: {what}"):
+                log(f"host {group.host} is blacklisted after repeated failures "
                     f"({self.registry.describe()})")
 
     def _start_worker(self, wid: str, slot: rdzv.Slot) -> None:
@@ -341,9 +304,9 @@ class ElasticDriver:
         ours = {
             **slot.horovod_variables(),
             "HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": jobstore.split_address(address)[0],
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": job_store.split_address(address)[0],
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
-            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), jobstore.ENV_ADDRESS: address,
+            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), job_store.ENV_ADDRESS: address,
         }
         # Workers sharing this machine (two host names of it count as one machine) share its cores.
         sharing = slot.local_size
@@ -356,45 +319,43 @@ class ElasticDriver:
                    if k not in _FOREIGN and not k.startswith("TORCHELASTIC_")}
             env.update(ours)
             env[ENV_SECRET] = self.secret
-            worker = self._spawn(wid, host, slot.local_rank, argv, env, False)
+            self._spawn(wid, slot, "local", argv, env)
         else:
             forwarded = forwarded_environment(self.environ, {**ours, ENV_SECRET_ON_STDIN: "1"})
             for name in (ENV_SECRET, *_FOREIGN):
                 forwarded.pop(name, None)
             forwarded = {k: v for k, v in forwarded.items() if not k.startswith("TORCHELASTIC_")}
-            cmd = remote_command(host, argv, forwarded, cwd_for_remote(), self.config.ssh_port,
-                                 self.config.ssh_identity_file, self.config.start_timeout)
-            cmd = [cmd[0], *SSH_ALIVE_OPTIONS, *cmd[1:]]
+            group = self._spawn(wid, slot, "ssh", argv, forwarded)
             if self.config.verbose:
-                log(f"worker {wid} on {host}: {' '.join(cmd)}")
-            worker = self._spawn(wid, host, slot.local_rank, cmd, None, True)
-        self.workers[wid] = worker
+                log(f"worker {wid} on {host}: {' '.join(group.proc.args)}")
+            # The secret travels on the ssh channel, never on the remote command line.
+            link.send_secret(group.proc.stdin, self.secret)
 
-    def _spawn(self, wid: str, host: str, local_rank: int, argv: list[str], env: dict[str, str] | None,
-               remote: bool) -> Worker:
+    def _spawn(self, wid: str, slot: rdzv.Slot, place: str, argv: list[str],
+               env: dict[str, str]) -> supervision.ProcessGroup:
+        reach = supervision.Reach(port=self.config.ssh_port, identity_file=self.config.ssh_identity_file,
+                                  connect_timeout=self.config.start_timeout, alive_timeout=self.silence_limit)
         try:
-            return Worker(wid, host, local_rank, argv, env, remote, self.secret, self.lock)
+            # talks=False: a worker speaks the link once it beats (a command exec'd as another
+            # program never does, and its stdin gets nothing of ours)
+            group = PLACES[place](slot.hostname, argv, env, reach=reach, talks=False, lock=self.lock)
         except OSError as exc:
-            raise UsageError(f"cannot start worker {wid} on {host}: {argv[0]}: {exc.strerror}. HINT: "
-                             f"{'install the ssh client' if remote else 'check the Python installation'} "
-                             "on this machine.") from None
+            program, fix = ("ssh", "install the ssh client") if place == "ssh" else \
+                (argv[0], "check the Python installation")
+            raise UsageError(f"cannot start worker {wid} on {slot.hostname}: {program}: {exc.strerror}. "
+                             f"HINT: {fix} on this machine.") from None
+        self.workers[wid] = Worker(wid, slot.local_rank, group)
+        return group
 
     def _stop_workers(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             self.store.set(rdzv.STOP, "the driver is ending the job")
-        live = [w for w in self.workers.values() if w.poll() is None]
-        for worker in live:
-            worker.stop()
-        deadline = time.monotonic() + SHUTDOWN_GRACE
-        while any(w.poll() is None for w in live) and time.monotonic() < deadline:
-            time.sleep(_TICK)
-        for worker in live:
-            worker.kill()
+        live = [w.group for w in self.workers.values() if w.group.poll() is None]
+        supervision.stop_all(live, self.signals, log)
         for worker in self.workers.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(timeout=5.0)
-            for t in worker.threads:
-                t.join(timeout=2.0)
+                worker.group.wait(timeout=5.0)
+            worker.group.join_output(timeout=2.0)
 
     # --- forming a generation --------------------------------------------------------------------
     def _try_to_form(self) -> int | None:
@@ -462,7 +423,7 @@ class ElasticDriver:
                 if wid not in self.left and self.store.check([rdzv.left_key(g, wid)]):
                     self.left.add(wid)
         # Only exits _reap has seen count: a failure is recorded before it changes the generation.
-        codes = {wid: self.workers[wid].proc.returncode if self.workers[wid].reaped else None
+        codes = {wid: self.workers[wid].group.poll() if self.workers[wid].reaped else None
                  for wid in members}
         succeeded = [wid for wid, code in codes.items() if code == 0]
         failed = [wid for wid, code in codes.items() if code not in (None, 0)]
@@ -483,7 +444,7 @@ class ElasticDriver:
                 for wid in waiting:
                     log(f"worker {wid} did not leave generation {g} within --elastic-timeout "
                         f"{self.settings.timeout:g} s after it broke; killing it")
-                    self.workers[wid].kill()
+                    self.workers[wid].group.kill()
             return None
         # Every member has left or exited: re-form.
         if self.settings.reset_limit is not None and self.resets >= self.settings.reset_limit:
@@ -514,7 +475,7 @@ class ElasticDriver:
                 log(f"worker {wid} did not reach hvd.init() within --start-timeout + --elastic-timeout "
                     f"({self.config.start_timeout:g} + {self.settings.timeout:g} s) of generation "
                     f"{self.generation}; killing it")
-                self.workers[wid].kill()
+                self.workers[wid].group.kill()
                 self.joined.add(wid)  # its exit is a failure like any other
 
     def _check_host_updates(self) -> None:

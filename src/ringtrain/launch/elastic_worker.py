@@ -6,9 +6,12 @@ variables in its environment (see :mod:`ringtrain.engine.elastic_rendezvous`). T
 1. reads the job's secret from the first line of stdin when the driver says so
    (``RINGTRAIN_SECRET_ON_STDIN=1``: workers started over ssh, whose command line is visible in
    ``ps`` on the remote host); local workers find it in their environment;
-2. ends the worker when the driver goes away: end-of-file on stdin (the driver closed it, or died,
-   or the ssh session broke) means SIGTERM, and the kernel's parent-death signal covers a local driver
-   killed outright;
+2. speaks the driver's link (:mod:`ringtrain.launch.link`): a stop request, end-of-file on stdin
+   (the driver closed it, or died, or the ssh session broke) or the driver's silence for
+   ``RINGTRAIN_PEER_TIMEOUT_SECONDS`` means SIGTERM and a hard exit after the shared grace; a kill
+   request (a second Ctrl-C at the driver) kills this worker and its children at once; and a worker
+   that runs Python here beats on stderr, so that the driver notices a host gone silent. The
+   kernel's parent-death signal covers a local driver killed outright;
 3. reaches the job store once and says so (``elastic/worker/<id>/alive``), so that the driver tells a
    host that cannot run workers at all (ssh refused, store unreachable) from a worker that crashed;
 4. runs the command as :mod:`ringtrain.launch.worker_entry` does: Python in this very process,
@@ -17,48 +20,33 @@ variables in its environment (see :mod:`ringtrain.engine.elastic_rendezvous`). T
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
+import socket
 import sys
-import threading
-import time
 from collections.abc import Sequence
 
-from ringtrain.launch.worker_entry import die_with_parent, run_command
+from ringtrain.engine.settings import read_knob
+from ringtrain.launch import link
+from ringtrain.launch.supervision import SHUTDOWN_GRACE
+from ringtrain.launch.worker_entry import die_with_parent, run_command, runs_in_process
 
 ENV_SECRET_ON_STDIN = "RINGTRAIN_SECRET_ON_STDIN"
-#: Seconds between the SIGTERM sent on end-of-file and a hard exit, for a command that ignores it.
-STOP_GRACE = 15.0
 #: Exit code when the driver's job store cannot be reached from this host.
 UNREACHABLE_EXIT = 3
 
 
-def read_secret_line() -> str:
-    """The first line of stdin, read byte by byte so nothing after it is consumed."""
-    data = bytearray()
-    while True:
-        chunk = os.read(0, 1)
-        if not chunk or chunk == b"\n":
-            return data.decode().strip()
-        data += chunk
-
-
-def watch_stdin() -> threading.Thread:
-    """End this worker when stdin closes: SIGTERM at once, a hard exit after :data:`STOP_GRACE`."""
-    def watch() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(STOP_GRACE)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + signal.SIGTERM)
-
-    thread = threading.Thread(target=watch, name="ringtrain-elastic-stdin", daemon=True)
-    thread.start()
-    return thread
+def speak_link(argv: Sequence[str]) -> None:
+    """The worker's end of the driver's link (see the module doc)."""
+    peer_timeout = float(read_knob("peer_timeout_s", os.environ))
+    pid = os.getpid()
+    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    # a kill request ends the worker's own children first, then the worker with its process group
+    link.watch_driver(link.contact_timeout(peer_timeout), host, ranks=lambda: [*link.live_children(pid), pid],
+                      after_stop=link.exit_after(SHUTDOWN_GRACE), whose="this worker")
+    # A command exec'd as another program would leave the beats behind, and its stdin must get nothing
+    # of ours: only a worker that runs Python here says it speaks the link.
+    if runs_in_process(list(argv)):
+        link.beat_to_driver(link.beat_interval(peer_timeout))
 
 
 def announce(environ: dict[str, str] | os._Environ[str]) -> str | None:
@@ -91,8 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.pop(ENV_SECRET_ON_STDIN, "") == "1":
         from ringtrain.engine.auth import ENV_SECRET
 
-        os.environ[ENV_SECRET] = read_secret_line()
-    watch_stdin()
+        try:
+            os.environ[ENV_SECRET] = link.read_secret() or ""
+        except EOFError:  # the driver (or its ssh session) went away before the handover
+            print("ringtrain elastic: the driver went away before handing over the job's secret; the worker "
+                  "did not start", file=sys.stderr, flush=True)
+            return UNREACHABLE_EXIT
+    speak_link(argv)
     problem = announce(os.environ)
     if problem:
         print(problem, file=sys.stderr, flush=True)

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ringtrain.engine.netutil import check_port_free, free_port
 from ringtrain.env.allocation import scheduler_job
 from ringtrain.env.kubernetes import (
     JobSetEnvironment,
@@ -75,10 +74,7 @@ class SrunPlan:
 
 Plan = NodePlan | HostsPlan | SrunPlan
 
-#: ``free_port`` and ``check_port_free`` live in :mod:`ringtrain.engine.netutil`; launch/driver.py still
-#: imports them from here until its refactoring lands (then this re-export goes).
-__all__ = ["SHARED_RUN_ID", "HostsPlan", "NodePlan", "Plan", "SrunPlan", "check_port_free", "free_port",
-           "resolve_plan"]
+__all__ = ["SHARED_RUN_ID", "HostsPlan", "NodePlan", "Plan", "SrunPlan", "resolve_plan"]
 
 def _split_endpoint(endpoint: str, default_port: int | None) -> tuple[str, int | None]:
     host, sep, port = endpoint.rpartition(":")

@@ -234,17 +234,26 @@ def bind_to_cores(environ: Mapping[str, str]) -> None:
     bind_rank(setting, environ)
 
 
+def runs_in_process(argv: list[str], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether :func:`run_command` runs ``argv`` in this very process (a Python program with a script,
+    ``-m`` or ``-c``) rather than exec'ing it."""
+    environ = os.environ if environ is None else environ
+    program, rest = argv[0], argv[1:]
+    if environ.get(NO_PYTHON_VARIABLE, "") == "1":  # --no-python: the command runs as it is
+        return False
+    if is_python(program) and rest and (rest[0] in ("-m", "-c") or not rest[0].startswith("-")):
+        return not (rest[0] in ("-m", "-c") and len(rest) < 2)
+    return program.endswith(".py")
+
+
 def run_command(argv: list[str]) -> int:
     """Run a rank's command: a Python program in this very process, anything else by exec."""
     program, rest = argv[0], argv[1:]
+    in_process = runs_in_process(argv)
     if os.environ.pop(NO_PYTHON_VARIABLE, "") == "1":  # --no-python: the command runs as it is
         os.execvp(program, [program, *rest])
-    if is_python(program) and rest and (rest[0] in ("-m", "-c") or not rest[0].startswith("-")):
-        if rest[0] in ("-m", "-c") and len(rest) < 2:
-            os.execvp(sys.executable, [sys.executable, *rest])
-        return run_python(rest)
-    if program.endswith(".py"):
-        return run_python(argv)
+    if in_process:
+        return run_python(rest if is_python(program) else argv)
     if is_python(program):
         program = sys.executable
     os.execvp(program, [program, *rest])

@@ -1,0 +1,267 @@
+"""The link between a driver and what it started on a place (a host's agent, an elastic worker).
+
+Both ends speak over the child's standard streams, the one channel ssh (or any backend) already
+carries and the driver already holds:
+
+* **The secret**: the first line on the child's stdin (:func:`send_secret`, :func:`read_secret`; they
+  live with the rest of the job store's secret in :mod:`ringtrain.launch.store_host`), never on a
+  command line.
+* **Requests**, each on a line of its own on the child's stdin: :data:`STOP_REQUEST` (stop the ranks as
+  on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver). An empty line is a
+  heartbeat; end-of-file means "stop" too (the driver is gone).
+* **Heartbeats both ways**: the driver writes an empty line every :data:`BEAT_INTERVAL` seconds at most,
+  the child writes :data:`ALIVE_LINE` on its stderr as often. Each side gives the other up after
+  :func:`contact_timeout` seconds of silence (once it has heard from it at all: a child that never
+  beats is not judged, so a program that cannot speak the link is still supervised by its exit).
+
+The driver's end lives in :class:`DriverEnd` (used by :mod:`ringtrain.launch.supervision`); the
+child's end is :func:`beat_to_driver` and :func:`watch_driver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import IO
+
+from ringtrain.launch.stopping import kill_process_groups
+from ringtrain.launch.store_host import read_secret, send_secret
+
+#: Most seconds between two heartbeats, each way.
+BEAT_INTERVAL = 1.0
+#: The line a child writes on stderr as its heartbeat: the driver hears that its place is there.
+ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
+#: Requests a driver writes on a child's stdin, each on a line of its own (see the module doc).
+STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
+
+
+__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "STOP_REQUEST", "DriverEnd", "beat_interval",
+           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "live_children",
+           "read_secret", "send_secret", "watch_driver"]
+
+
+def beat_interval(peer_timeout: float) -> float:
+    """Seconds between heartbeats for a silence limit of ``peer_timeout``: four fit in it."""
+    return min(BEAT_INTERVAL, peer_timeout / 4)
+
+
+def contact_timeout(peer_timeout: float, max_restarts: int = 0) -> float:
+    """Seconds of silence after which a driver and what it started give each other up.
+
+    Without restarts a silent place ends its ranks after ``RINGTRAIN_PEER_TIMEOUT_SECONDS``. With
+    ``--max-restarts`` the ranks still notice a cut link after that time and fail, but the launchers
+    stay as patient as the rendezvous is with a missing node, so a short cut costs one restart, not the
+    job.
+    """
+    if max_restarts <= 0:
+        return peer_timeout
+    from ringtrain.launch.rendezvous import NODE_TIMEOUT
+
+    return max(peer_timeout, NODE_TIMEOUT)
+
+
+# --- the driver's end ---------------------------------------------------------------------------
+
+class DriverEnd:
+    """The driver's side of one link: the child's stdin to write on, what came back on its stderr.
+
+    ``talks``: the child speaks the link from the start (a host's agent). Otherwise the driver waits
+    for its first :data:`ALIVE_LINE` before it writes beats or requests: an elastic worker whose
+    command is exec'd as another program never beats, and that program's stdin gets nothing of ours.
+    """
+
+    def __init__(self, stdin: IO[bytes] | None, talks: bool = True) -> None:
+        self.stdin = stdin
+        self.talks = talks
+        #: When the child's last heartbeat arrived (None until the first).
+        self.heard: float | None = None
+        #: Seconds of silence after which the driver gave the child up (None: it did not).
+        self.silent_for: float | None = None
+        self.stopping = False
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.set_blocking(stdin.fileno(), False)  # type: ignore[union-attr]
+
+    def heard_in(self, line: str) -> str | None:
+        """For a line of the child's stderr: None when it is no heartbeat; else the text before the
+        heartbeat that ends it (usually ''), which the relay joins to the rest of its line.
+
+        A heartbeat can end a partial line where the child's own output shares the stream (an
+        elastic worker's user code writes there too, e.g. a progress bar without a newline).
+        """
+        if line.endswith(ALIVE_LINE + "\n"):
+            before = line[: -len(ALIVE_LINE) - 1]
+        elif line.endswith(ALIVE_LINE):  # the last line, without its newline
+            before = line[: -len(ALIVE_LINE)]
+        else:
+            return None
+        self.heard = time.monotonic()
+        self.talks = True
+        return before
+
+    def beat(self) -> None:
+        """One heartbeat line on the child's stdin: it stops its ranks when they stop coming."""
+        if self.stopping or not self.talks:
+            return
+        # A full pipe (a child or an ssh that does not read) skips a beat rather than block the driver.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.write(self.stdin.fileno(), b"\n")  # type: ignore[union-attr]
+
+    def check_silence(self, limit: float) -> bool:
+        """True (once) when the child, heard before, has said nothing for ``limit`` s."""
+        if self.heard is None or self.silent_for is not None:
+            return False
+        silent = time.monotonic() - self.heard
+        if silent <= limit:
+            return False
+        self.silent_for = silent
+        return True
+
+    def stop(self) -> None:
+        """A stop request (the stream stays open for a kill request), or end-of-file where the child
+        does not speak the link or the request cannot be written."""
+        self.stopping = True
+        if not (self.talks and self.request(STOP_REQUEST)):
+            self.close()
+
+    def kill(self) -> bool:
+        """A kill request, then end-of-file; False where the child does not speak the link."""
+        self.stopping = True
+        if not self.talks:
+            return False
+        self.request(KILL_REQUEST)
+        self.close()
+        return True
+
+    def request(self, request: bytes) -> bool:
+        try:
+            return os.write(self.stdin.fileno(), request + b"\n") == len(request) + 1  # type: ignore[union-attr]
+        except (OSError, ValueError, AttributeError):  # a full pipe, a child gone, stdin already closed
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.stdin.close()  # type: ignore[union-attr]
+
+
+# --- the child's end ----------------------------------------------------------------------------
+
+def beat_to_driver(interval: float) -> threading.Thread:
+    """Write :data:`ALIVE_LINE` on stderr every ``interval`` s: the driver's sign that this place is
+    reachable (it reports one it has not heard from for RINGTRAIN_PEER_TIMEOUT_SECONDS as lost)."""
+    def beat() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                sys.stderr.write(ALIVE_LINE + "\n")
+                sys.stderr.flush()
+                time.sleep(interval)
+
+    thread = threading.Thread(target=beat, name="ringtrain-alive", daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[int]],
+                 after_stop: Callable[[], None], whose: str = "the ranks of this host") -> threading.Thread:
+    """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks.
+
+    :data:`STOP_REQUEST` or end-of-file on stdin means SIGTERM to ourselves (torch's agent then stops
+    its ranks; an elastic worker's own handlers run); :data:`KILL_REQUEST` means SIGKILL to every
+    process group of ``ranks()``. After the stop, ``after_stop()`` runs on this thread: it bounds how
+    long this process may take to end.
+
+    Once a heartbeat has arrived, ``silence_s`` (``RINGTRAIN_PEER_TIMEOUT_SECONDS``) without another
+    means the driver's host is unreachable or the link to it is cut (ssh would notice only at the
+    kernel's TCP timeout, minutes later), and ``whose`` ranks are stopped too. A child whose driver never
+    beats judges only EOF; one that was asked to stop hears no more beats and keeps listening for a kill
+    request.
+    """
+    def watch() -> None:
+        heard, last, stopping, partial = False, time.monotonic(), False, b""
+        # os.read on the raw descriptor: a daemon thread blocked in sys.stdin would hold its lock at exit.
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                ready, _, _ = select.select([0], [], [], 1.0)
+                if ready:
+                    data = os.read(0, 4096)
+                    if not data:
+                        break
+                    heard, last = True, time.monotonic()
+                    *lines, partial = (partial + data).split(b"\n")
+                    if KILL_REQUEST in lines:
+                        kill_process_groups(ranks())
+                        break
+                    if STOP_REQUEST in lines and not stopping:
+                        stopping = True
+                        os.kill(os.getpid(), signal.SIGTERM)
+                elif heard and not stopping and time.monotonic() - last > silence_s:
+                    print(f"ringtrain run: host {host}: no word from the launcher for {silence_s:g} s "
+                          "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to it "
+                          f"is cut; stopping {whose}.", file=sys.stderr, flush=True)
+                    break
+        if not stopping:
+            os.kill(os.getpid(), signal.SIGTERM)
+        after_stop()
+
+    thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def exit_when_children_gone() -> None:
+    """An agent's end after a stop: exit as soon as none of its worker processes is left.
+
+    The agent's main thread can sit in a blocking store call (the exit barrier after its ranks
+    finished, or a rendezvous) where Python signal handlers do not run; once no child is left,
+    exiting at once is safe.
+    """
+    while True:
+        time.sleep(1.0)
+        children = live_children(os.getpid())
+        if not children:
+            _exit(128 + signal.SIGTERM)
+        # A stopped rank (SIGSTOP, a debugger) takes the agent's SIGTERM only once it runs again;
+        # without this it would be killed only after the agent's 30 s grace.
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def exit_after(grace_s: float) -> Callable[[], None]:
+    """A worker's end after a stop: a hard exit ``grace_s`` later, for a command that ignores SIGTERM."""
+    def end() -> None:
+        time.sleep(grace_s)
+        _exit(128 + signal.SIGTERM)
+
+    return end
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def live_children(pid: int) -> list[int]:
+    """Pids of the living (not zombie) children of ``pid``, read from /proc; [] where there is none."""
+    children = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fp:
+                fields = fp.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            children.append(int(entry))
+    return children

@@ -1,0 +1,23 @@
+"""The places a driver can start a group of ranks on, by name: one module each, one entry each here.
+
+A new backend (Ray actors, Kubernetes pods, ...) is a module beside these that implements
+:class:`ringtrain.launch.supervision.RankGroup` (or subclasses
+:class:`~ringtrain.launch.supervision.ProcessGroup` when a child process of the driver stands for the
+group) and one line in :data:`PLACES`; docs/architecture.md walks through it.
+"""
+
+from __future__ import annotations
+
+from ringtrain.launch.places.local import LocalGroup
+from ringtrain.launch.places.srun import SrunStep
+from ringtrain.launch.places.ssh import SshGroup
+from ringtrain.launch.supervision import ProcessGroup
+
+#: Place name -> the class that starts a group there (``PLACES[name](host, argv, env, ...)``).
+PLACES: dict[str, type[ProcessGroup]] = {
+    LocalGroup.kind: LocalGroup,
+    SshGroup.kind: SshGroup,
+    SrunStep.kind: SrunStep,
+}
+
+__all__ = ["PLACES", "LocalGroup", "SrunStep", "SshGroup"]
