@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.netns import NETNS_ETC, NamespaceHosts
-from tests.integration.system import ROOT, clean_env, ringtrain_argv, skip_unless_collectives
+from tests.integration.system import ROOT, clean_env, ringtrain_argv, skip_unless_collectives, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -137,3 +137,33 @@ def test_mpijob_launcher_pod(netns_hosts: NamespaceHosts, tmp_path: Path) -> Non
         ranks = run_pods(netns_hosts, [("hostA", "job-launcher", env)], tmp_path)
     # the worker's ranks run under its sshd, which keeps the namespace host's own name
     assert ranks == expected(["job-launcher", "job-launcher", "hostB", "hostB"], 2)
+
+
+def test_worker_pod_up_late_is_waited_for(netns_hosts: NamespaceHosts, tmp_path: Path) -> None:
+    # The worker pod's DNS name appears only once the launcher has started (a pod that is still being
+    # scheduled): ringtrain run tries it again within --start-timeout instead of failing at once.
+    pods = {"hostA": "job-launcher", "hostB": "job-worker-0"}
+    mpi = tmp_path / "etc-mpi"
+    mpi.mkdir()
+    (mpi / "hostfile").write_text("".join(f"{p}.job.default.svc slots=1\n" for p in pods.values()))
+    env = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_default_hostfile": str(mpi / "hostfile"),
+           "RINGTRAIN_START_TIMEOUT": "120"}
+    log = tmp_path / "launcher.log"
+    launcher_only = {"hostA": ["job-launcher", "job-launcher.job.default.svc"]}
+    with pod_names(netns_hosts, launcher_only), open(log, "w") as out:
+        argv = as_pod(netns_hosts, "hostA", "job-launcher", ringtrain_argv("run", "python", str(SCRIPT)))
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=clean_env(env), cwd=ROOT)
+        try:
+            # the worker's name does not resolve yet: the launcher says so and keeps trying
+            wait_for(lambda: "job-worker-0.job.default.svc is not up yet" in log.read_text()
+                     or proc.poll() is not None, 120, "the launcher to wait for the worker pod", logs=[log])
+            assert proc.poll() is None, log.read_text()
+            with pod_names(netns_hosts, {"hostB": ["job-worker-0", "job-worker-0.job.default.svc"]}):
+                code = proc.wait(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log.read_text()
+    assert code == 0, output
+    assert sorted(_RANK.findall(output)) == expected(["job-launcher", "hostB"], 1)
