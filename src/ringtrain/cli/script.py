@@ -34,11 +34,12 @@ _FOREIGN = {
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``script`` subcommand, with one sub-command per scheduler."""
     parser = subparsers.add_parser(
-        "script", help="print a Slurm, PBS or LSF job script that runs a command with ringtrain run",
-        description="Print a job script for sbatch (Slurm), qsub (PBS) or bsub (LSF) that starts COMMAND on "
-                    "NODES x NPROC_PER_NODE ranks through `ringtrain run`. Example: ringtrain script slurm "
-                    "--nodes 2 --nproc-per-node 4 --time 01:00:00 -- python3 train.py --epochs 5 > job.sh; "
-                    "sbatch job.sh")
+        "script", help="print a Slurm, PBS or LSF job script, or a Kubernetes manifest, that runs a command "
+                       "with ringtrain run",
+        description="Print a job script for sbatch (Slurm), qsub (PBS) or bsub (LSF), or a manifest for "
+                    "kubectl apply (kubernetes), that starts COMMAND on NODES x NPROC_PER_NODE ranks through "
+                    "`ringtrain run`. Example: ringtrain script slurm --nodes 2 --nproc-per-node 4 --time "
+                    "01:00:00 -- python3 train.py --epochs 5 > job.sh; sbatch job.sh")
     schedulers = parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True,
                                        parser_class=HelpfulParser)
     for name in ("slurm", "pbs", "lsf"):
