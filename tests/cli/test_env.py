@@ -80,3 +80,26 @@ def test_no_launcher(environ, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["env", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["environment"], data["placement"]["world_size"], data["variables"]) == ("single", 1, {})
+
+
+def test_kubeflow_trainer_pod_tells_what_ringtrain_run_reads(environ,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    environ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+             "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500",
+             "RINGTRAIN_MAX_RESTARTS": "1"})
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("environment: kubeflow-trainer (TrainerV2Environment)\n")
+    assert "ringtrain run here would use:\n" in out
+    for line in ("--nnodes 2 (from PET_NNODES)", "--node-rank 1 (from PET_NODE_RANK)",
+                 "--master-addr job-node-0-0.job (from PET_MASTER_ADDR)",
+                 "--max-restarts 1 (from RINGTRAIN_MAX_RESTARTS)"):
+        assert f"  {line}\n" in out
+    assert "ringtrain run python train.py" in out  # two processes per pod: the warning says how to start them
+
+
+def test_bad_pet_value_is_reported_not_raised(environ, capsys: pytest.CaptureFixture[str]) -> None:
+    environ({"PET_NNODES": "2", "PET_NODE_RANK": "one", "PET_STANDALONE": "maybe"})
+    main(["env", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert any("PET_NODE_RANK='one'" in line for line in data["ringtrain_run"]), data["ringtrain_run"]

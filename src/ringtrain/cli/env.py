@@ -26,11 +26,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "env", help="show the detected launcher/scheduler and the rank, sizes and address it gives",
         description="Show which launcher or scheduler started this process (torchrun, horovodrun, Slurm, "
-                    "PBS, LSF, Open MPI, MPICH/Intel MPI, PMIx, MVAPICH, Cray PALS, or none), the "
+                    "PBS, LSF, Open MPI, MPICH/Intel MPI, PMIx, MVAPICH, Cray PALS, a Kubernetes pod of "
+                    "Kubeflow Trainer v2, a PyTorchJob, a JobSet or an MPIJob launcher, or none), the "
                     "variables it came from, the resulting placement and any inconsistencies. Run it "
                     "the way you run training, e.g. `srun ringtrain env` or `mpirun -np 2 ringtrain env`.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
+
+
+def launcher_values(environ: dict[str, str]) -> list[str]:
+    """What ``ringtrain run`` would take from this environment's variables (torchrun's ``PET_*`` and
+    ``RINGTRAIN_*``), each with its source; a bad value becomes a line saying so."""
+    from ringtrain.cli.run import add_run_arguments, describe_sources
+
+    parser = _RaisingParser(prog="ringtrain run", add_help=False)
+    try:
+        add_run_arguments(parser, environ)
+        args = parser.parse_args(["true"])
+    except argparse.ArgumentError as exc:
+        return [f"cannot start: {exc}"]
+    lines = [f"cannot start: {error}" for error in getattr(args, "env_errors", ())]
+    return lines + [line for line in describe_sources(args) if "(from default)" not in line]
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser that raises its error instead of printing it and exiting: ``ringtrain env`` reports it."""
+
+    def error(self, message: str) -> Any:
+        raise argparse.ArgumentError(None, message)
 
 
 def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -49,6 +72,7 @@ def report(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "placement": None,
         "error": None,
         "warnings": list(dict.fromkeys(env.validate())),
+        "ringtrain_run": launcher_values(environ),
     }
     try:
         result["placement"] = dataclasses.asdict(env.placement())
@@ -70,6 +94,9 @@ def format_text(data: dict[str, Any]) -> str:
         lines += [f"  {label:<{width}}  {data['placement'][key]}" for key, label in _LABELS]
     else:
         lines.append(f"placement: unavailable: {data['error']}")
+    if data.get("ringtrain_run"):
+        lines.append("ringtrain run here would use:")
+        lines += [f"  {line}" for line in data["ringtrain_run"]]
     shown = [w for w in data["warnings"] if w != data["error"]]
     if shown:
         lines.append("warnings:")

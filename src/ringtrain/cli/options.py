@@ -1,7 +1,11 @@
 """argparse actions whose defaults come from ``RINGTRAIN_<DEST>`` variables, and both spellings of a flag.
 
 A flag on the command line wins over its variable; a bad value in either is reported by argparse the
-same way (exit code 2).
+same way (exit code 2), naming the variable when the value came from one.
+
+torchrun's flags also take their defaults from ``PET_<DEST>``, as torchrun does (Kubeflow's operators
+configure the pods' launcher this way); ``RINGTRAIN_<DEST>`` wins over ``PET_<DEST>``. Where each value
+came from is kept in the parsed namespace: :func:`value_source` tells.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENV_PREFIX = "RINGTRAIN_"
+#: torchrun's prefix: ``torchrun`` reads every flag's default from ``PET_<DEST>``.
+TORCHRUN_PREFIX = "PET_"
+#: Namespace attributes: the dests given on the command line, and each default's variable.
+_GIVEN, SOURCES, ENV_ERRORS = "_given_on_command_line", "env_sources", "env_errors"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -20,6 +28,49 @@ _FALSE = {"0", "false", "no", "off", ""}
 def env_name(dest: str) -> str:
     """The environment variable that sets the flag whose argparse ``dest`` is ``dest``."""
     return ENV_PREFIX + dest.upper()
+
+
+def _default_from(environ: Mapping[str, str], dest: str, torchrun: bool) -> str | None:
+    """The variable giving ``dest``'s default: ``RINGTRAIN_<DEST>``, else (torchrun's) ``PET_<DEST>``."""
+    for name in (env_name(dest), TORCHRUN_PREFIX + dest.upper() if torchrun else None):
+        if name and name in environ:
+            return name
+    return None
+
+
+def _mark_given(namespace: argparse.Namespace, dest: str) -> None:
+    given = set(getattr(namespace, _GIVEN, ()))
+    given.add(dest)
+    setattr(namespace, _GIVEN, given)
+
+
+def _naming_variable(kind: Any, variable: str, value: str) -> Any:
+    """``kind`` (an argparse ``type``) whose error names ``variable`` when converting its value."""
+    def convert(text: str) -> Any:
+        try:
+            return kind(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            if text is value:  # argparse converts the default itself: the text came from the variable
+                raise argparse.ArgumentTypeError(f"{variable}={text!r} is not valid ({exc}). HINT: fix or "
+                                                 f"unset {variable}, or give the flag.") from None
+            raise
+
+    convert.__name__ = getattr(kind, "__name__", "value")
+    return convert
+
+
+def value_source(args: argparse.Namespace, dest: str) -> str:
+    """Where ``args.<dest>`` came from: ``"command line"``, the variable's name, or ``"default"``."""
+    if dest in getattr(args, _GIVEN, ()):
+        return "command line"
+    return getattr(args, SOURCES, {}).get(dest) or "default"
+
+
+def record_sources(parser: argparse.ArgumentParser) -> None:
+    """Keep every variable-given default's variable in the parsed namespace (for :func:`value_source`)."""
+    sources = {a.dest: a.env_source for a in parser._actions if getattr(a, "env_source", None)}
+    errors = [a.env_error for a in parser._actions if getattr(a, "env_error", None)]
+    parser.set_defaults(**{SOURCES: sources, ENV_ERRORS: errors})
 
 
 def _parse_bool(name: str, value: str) -> bool:
@@ -38,16 +89,21 @@ class EnvOption(argparse.Action):
     """
 
     def __init__(self, option_strings: Sequence[str], dest: str, environ: Mapping[str, str] | None = None,
-                 default: Any = None, help: str | None = None, **kwargs: Any) -> None:
+                 default: Any = None, help: str | None = None, torchrun: bool = False, **kwargs: Any) -> None:
         environ = os.environ if environ is None else environ
-        if env_name(dest) in environ:
-            default = environ[env_name(dest)]
+        self.env_source = _default_from(environ, dest, torchrun)
+        if self.env_source:
+            default = environ[self.env_source]
+            if kwargs.get("type") is not None:
+                kwargs["type"] = _naming_variable(kwargs["type"], self.env_source, default)
         if help and help != argparse.SUPPRESS:
-            help = f"{help} [env {env_name(dest)}]"
+            pet = f", {TORCHRUN_PREFIX}{dest.upper()}" if torchrun else ""
+            help = f"{help} [env {env_name(dest)}{pet}]"
         super().__init__(option_strings, dest, default=default, help=help, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
+        _mark_given(namespace, self.dest)
         setattr(namespace, self.dest, values)
 
 
@@ -55,21 +111,32 @@ class EnvFlag(argparse.Action):
     """A switch (``--flag`` sets ``const``) whose default comes from ``RINGTRAIN_<DEST>=1|0``."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, environ: Mapping[str, str] | None = None,
-                 const: Any = True, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
+                 const: Any = True, default: Any = None, help: str | None = None, torchrun: bool = False,
+                 **kwargs: Any) -> None:
         environ = os.environ if environ is None else environ
-        name = env_name(dest)
+        name = _default_from(environ, dest, torchrun) or env_name(dest)
+        self.env_source = name if name in environ else None
+        self.env_error: str | None = None
         if name in environ:
             try:
-                flag = _parse_bool(name, environ[name])
+                # The Training Operator writes PET_STANDALONE="" for `standalone: true`: a PET_ switch
+                # that is present means on (torchrun itself fails on the empty value)
+                empty_pet = name.startswith(TORCHRUN_PREFIX) and not environ[name].strip()
+                flag = True if empty_pet else _parse_bool(name, environ[name])
             except argparse.ArgumentTypeError as exc:
-                raise argparse.ArgumentError(None, str(exc)) from None
+                if not torchrun:
+                    raise argparse.ArgumentError(None, str(exc)) from None
+                # kept for the command that uses it: a pod's stray PET_* must not break every command
+                self.env_error, flag = str(exc), False
             default = const if flag else (not const if isinstance(const, bool) else None)
         if help and help != argparse.SUPPRESS:
-            help = f"{help} [env {name}]"
+            pet = f", {TORCHRUN_PREFIX}{dest.upper()}" if torchrun else ""
+            help = f"{help} [env {env_name(dest)}{pet}]"
         super().__init__(option_strings, dest, nargs=0, const=const, default=default, help=help, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
+        _mark_given(namespace, self.dest)
         setattr(namespace, self.dest, self.const)
 
 

@@ -16,7 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ringtrain.cli.options import EnvAppend, EnvFlag, EnvOption, at_least, non_negative, spellings
+from ringtrain.cli.options import (
+    EnvAppend,
+    EnvFlag,
+    EnvOption,
+    at_least,
+    non_negative,
+    record_sources,
+    spellings,
+    value_source,
+)
 from ringtrain.exceptions import SettingError, UsageError
 
 # The launcher's modules are imported where a launch needs them: `ringtrain --version`, `--help` and the
@@ -187,52 +196,58 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                     help="seconds a failing host stays blacklisted: MIN, doubling up to MAX (default: "
                          "for good)")
 
-    tr = parser.add_argument_group("torchrun options")
-    tr.add_argument(*spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
-                    metavar="N|MIN:MAX", help="number of nodes")
-    tr.add_argument(*spellings("--nproc-per-node"), dest="nproc_per_node", action=EnvOption, environ=environ,
-                    metavar="N|cpu|gpu|auto", help="processes on this node")
-    tr.add_argument(*spellings("--node-rank"), dest="node_rank", action=EnvOption, environ=environ,
-                    type=nonneg_int, help="index of this node")
-    tr.add_argument(*spellings("--rdzv-backend"), dest="rdzv_backend", action=EnvOption, environ=environ,
-                    help="rendezvous backend: static (default) or c10d")
-    tr.add_argument(*spellings("--rdzv-endpoint"), dest="rdzv_endpoint", action=EnvOption, environ=environ,
-                    metavar="HOST:PORT", help="rendezvous address")
-    tr.add_argument(*spellings("--rdzv-id"), dest="rdzv_id", action=EnvOption, environ=environ,
-                    help="job id shared by all nodes")
-    tr.add_argument(*spellings("--standalone"), dest="standalone", action=EnvFlag, environ=environ,
-                    help="single node, rendezvous on a free local port")
-    tr.add_argument(*spellings("--max-restarts"), dest="max_restarts", action=EnvOption, environ=environ,
-                    type=nonneg_int, default="0", help="restarts of the worker group before failing")
-    tr.add_argument(*spellings("--master-addr"), dest="master_addr", action=EnvOption, environ=environ,
-                    help="address of node 0 (static rendezvous)")
-    tr.add_argument(*spellings("--master-port"), dest="master_port", action=EnvOption, environ=environ,
-                    type=nonneg_int, help="port of the rendezvous store on node 0")
+    tr = parser.add_argument_group("torchrun options (defaults also from torchrun's PET_<FLAG> variables)")
+
+    def torchrun_option(*names: str, **kwargs: Any) -> None:
+        # torchrun reads each of these from PET_<DEST>; Kubeflow's operators configure pods that way
+        tr.add_argument(*names, torchrun=True, **kwargs)
+
+    torchrun_option(*spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
+                   metavar="N|MIN:MAX", help="number of nodes")
+    torchrun_option(*spellings("--nproc-per-node"), dest="nproc_per_node", action=EnvOption, environ=environ,
+                   metavar="N|cpu|gpu|auto", help="processes on this node")
+    torchrun_option(*spellings("--node-rank"), dest="node_rank", action=EnvOption, environ=environ,
+                   type=nonneg_int, help="index of this node")
+    torchrun_option(*spellings("--rdzv-backend"), dest="rdzv_backend", action=EnvOption, environ=environ,
+                   help="rendezvous backend: static (default) or c10d")
+    torchrun_option(*spellings("--rdzv-endpoint"), dest="rdzv_endpoint", action=EnvOption, environ=environ,
+                   metavar="HOST:PORT", help="rendezvous address")
+    torchrun_option(*spellings("--rdzv-id"), dest="rdzv_id", action=EnvOption, environ=environ,
+                   help="job id shared by all nodes")
+    torchrun_option(*spellings("--standalone"), dest="standalone", action=EnvFlag, environ=environ,
+                   help="single node, rendezvous on a free local port")
+    torchrun_option(*spellings("--max-restarts"), dest="max_restarts", action=EnvOption, environ=environ,
+                   type=nonneg_int, default="0", help="restarts of the worker group before failing")
+    torchrun_option(*spellings("--master-addr"), dest="master_addr", action=EnvOption, environ=environ,
+                   help="address of node 0 (static rendezvous)")
+    torchrun_option(*spellings("--master-port"), dest="master_port", action=EnvOption, environ=environ,
+                   type=nonneg_int, help="port of the rendezvous store on node 0")
     tr.add_argument(*spellings("--no-horovod-shim"), dest="no_horovod_shim", action=EnvFlag, environ=environ,
                     help="do not put ringtrain's 'horovod' package on the workers' PYTHONPATH")
-    tr.add_argument(*spellings("-m", "--module"), dest="module", action=EnvFlag, environ=environ,
-                    help="run the command as a Python module, as 'python -m MODULE ARGS'")
-    tr.add_argument(*spellings("--no-python"), dest="no_python", action=EnvFlag, environ=environ,
-                    help="execute the command directly, even a .py file (not through Python)")
-    tr.add_argument(*spellings("--run-path"), dest="run_path", action=EnvFlag, environ=environ,
-                    help="run the command as a Python file (runpy.run_path), whatever its name; "
-                         "wins over --no-python")
-    tr.add_argument(*spellings("--log-dir"), dest="log_dir", action=EnvOption, environ=environ,
-                    metavar="DIR",
-                    help="keep every rank's stdout.log, stderr.log in DIR/<run id>_*/attempt_N/LOCAL_RANK/")
-    tr.add_argument(*spellings("--redirects"), dest="redirects", action=EnvOption, environ=environ,
-                    metavar="N|LOCAL_RANK:N,...",
-                    help="streams kept off the console, in the log files only (1 stdout, 2 stderr, 3 both)")
-    tr.add_argument(*spellings("--tee"), dest="tee", action=EnvOption, environ=environ,
-                    metavar="N|LOCAL_RANK:N,...",
-                    help="streams shown on the console and written to the log files (wins over --redirects)")
-    tr.add_argument(*spellings("--local-addr"), dest="local_addr", action=EnvOption, environ=environ,
-                    metavar="ADDRESS", help="this node's address for the rendezvous (c10d: node 0's becomes "
-                                            "the workers' MASTER_ADDR)")
-    tr.add_argument(*spellings("--rdzv-conf"), dest="rdzv_conf", action=EnvOption, environ=environ,
-                    metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
+    torchrun_option(*spellings("-m", "--module"), dest="module", action=EnvFlag, environ=environ,
+                   help="run the command as a Python module, as 'python -m MODULE ARGS'")
+    torchrun_option(*spellings("--no-python"), dest="no_python", action=EnvFlag, environ=environ,
+                   help="execute the command directly, even a .py file (not through Python)")
+    torchrun_option(*spellings("--run-path"), dest="run_path", action=EnvFlag, environ=environ,
+                   help="run the command as a Python file (runpy.run_path), whatever its name; "
+                        "wins over --no-python")
+    torchrun_option(*spellings("--log-dir"), dest="log_dir", action=EnvOption, environ=environ,
+                   metavar="DIR",
+                   help="keep every rank's stdout.log, stderr.log in DIR/<run id>_*/attempt_N/LOCAL_RANK/")
+    torchrun_option(*spellings("--redirects"), dest="redirects", action=EnvOption, environ=environ,
+                   metavar="N|LOCAL_RANK:N,...",
+                   help="streams kept off the console, in the log files only (1 stdout, 2 stderr, 3 both)")
+    torchrun_option(*spellings("--tee"), dest="tee", action=EnvOption, environ=environ,
+                   metavar="N|LOCAL_RANK:N,...",
+                   help="streams shown on the console and written to the log files (wins over --redirects)")
+    torchrun_option(*spellings("--local-addr"), dest="local_addr", action=EnvOption, environ=environ,
+                   metavar="ADDRESS", help="this node's address for the rendezvous (c10d: node 0's becomes "
+                                           "the workers' MASTER_ADDR)")
+    torchrun_option(*spellings("--rdzv-conf"), dest="rdzv_conf", action=EnvOption, environ=environ,
+                   metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
+    record_sources(parser)
 
 
 def parse_cooldown_range(value: Any) -> tuple[int, int]:
@@ -285,16 +300,33 @@ def check_elastic_args(args: argparse.Namespace) -> int | None:
     return num_proc
 
 
-def parse_nnodes(value: str) -> tuple[int, int]:
-    """``N`` or ``MIN:MAX``, both at least 1."""
+def flag_or_variable(args: argparse.Namespace, dest: str) -> str:
+    """How an error names a value: ``--flag`` given on the command line, or ``VARIABLE=`` it came from."""
+    source = value_source(args, dest)
+    return "--" + dest.replace("_", "-") if source in ("command line", "default") else f"{source}="
+
+
+#: The torchrun flags whose values --verbose lists with their sources.
+_SOURCE_SHOWN = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                 "master_addr", "master_port", "max_restarts", "standalone")
+
+
+def describe_sources(args: argparse.Namespace) -> list[str]:
+    """``name=value (from SOURCE)`` for each torchrun flag that is set (for --verbose)."""
+    return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (from {value_source(args, dest)})"
+            for dest in _SOURCE_SHOWN if getattr(args, dest, None) not in (None, False)]
+
+
+def parse_nnodes(value: str, label: str = "--nnodes ") -> tuple[int, int]:
+    """``N`` or ``MIN:MAX``, both at least 1; ``label`` names the flag or variable in the error."""
     parts = value.split(":")
     try:
         numbers = [int(p) for p in parts]
     except ValueError:
         numbers = []
     if len(numbers) not in (1, 2) or min(numbers) < 1 or numbers[0] > numbers[-1]:
-        raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX with 1 <= MIN <= MAX. "
-                         "HINT: write e.g. --nnodes 2 or --nnodes 1:4.")
+        raise UsageError(f"{label}{value!r} is not N or MIN:MAX with 1 <= MIN <= MAX. "
+                         f"HINT: write e.g. {label}2 or {label}1:4.")
     return numbers[0], numbers[-1]
 
 
@@ -449,11 +481,18 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _label(args: argparse.Namespace, dest: str) -> str:
+    name = flag_or_variable(args, dest)
+    return name if name.endswith("=") else name + " "
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
     from ringtrain.launch.config import LaunchConfig
     from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 
+    for error in getattr(args, "env_errors", ()):  # a PET_* switch that is not a boolean
+        raise UsageError(error)
     command, notes = command_from_args(args)
     if not command and not args.check_build:
         raise UsageError("no command to run. HINT: write the program after the options, "
@@ -494,6 +533,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             if getattr(args, name) is not None:
                 notes.append(f"--{name.replace('_', '-').replace('cooldown', 'blacklist-cooldown')} has no "
                              "effect without --min-np, --max-np or --host-discovery-script (elastic mode).")
+    nnodes = parse_nnodes(args.nnodes, _label(args, "nnodes")) if args.nnodes else None
+    if nnodes and args.node_rank is not None and args.node_rank >= nnodes[1]:
+        raise UsageError(f"{_label(args, 'node_rank')}{args.node_rank} is not below {_label(args, 'nnodes')}"
+                         f"{nnodes[1]}. HINT: node ranks run from 0 to {nnodes[1] - 1}; unset stale values.")
     return LaunchConfig(
         notes=tuple(notes),
         command=command,
@@ -507,7 +550,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         verbose=bool(args.verbose),
         check_build=bool(args.check_build),
         log_level=args.log_level,
-        nnodes=parse_nnodes(args.nnodes) if args.nnodes else None,
+        nnodes=nnodes,
         nproc_per_node=parse_nproc_per_node(args.nproc_per_node) if args.nproc_per_node else None,
         node_rank=args.node_rank,
         rdzv_backend=args.rdzv_backend,
@@ -542,6 +585,9 @@ def run_command(args: argparse.Namespace) -> int:
     from ringtrain.launch.prechecks import before_launch
 
     config = config_from_args(args)
+    if config.verbose:
+        for line in describe_sources(args):
+            print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
     if not config.check_build:
         # what the ranks would each find later (a timeline they cannot write) is refused here, once
         for warning in before_launch(config, oversubscribe=bool(args.oversubscribe)):

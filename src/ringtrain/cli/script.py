@@ -1,4 +1,4 @@
-"""``ringtrain script slurm|pbs|lsf``: print a ready job script that runs a command through ``ringtrain run``.
+"""``ringtrain script slurm|pbs|lsf|kubernetes``: print a job script or manifest that runs ``ringtrain run``.
 
 Each scheduler takes its own words for where the job goes (Slurm: ``--partition``/``-p`` and
 ``--qos``/``-q``; PBS and LSF: ``--queue``/``-q``); another scheduler's word is refused with the right
@@ -34,11 +34,12 @@ _FOREIGN = {
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``script`` subcommand, with one sub-command per scheduler."""
     parser = subparsers.add_parser(
-        "script", help="print a Slurm, PBS or LSF job script that runs a command with ringtrain run",
-        description="Print a job script for sbatch (Slurm), qsub (PBS) or bsub (LSF) that starts COMMAND on "
-                    "NODES x NPROC_PER_NODE ranks through `ringtrain run`. Example: ringtrain script slurm "
-                    "--nodes 2 --nproc-per-node 4 --time 01:00:00 -- python3 train.py --epochs 5 > job.sh; "
-                    "sbatch job.sh")
+        "script", help="print a Slurm, PBS or LSF job script, or a Kubernetes manifest, that runs a command "
+                       "with ringtrain run",
+        description="Print a job script for sbatch (Slurm), qsub (PBS) or bsub (LSF), or a manifest for "
+                    "kubectl apply (kubernetes), that starts COMMAND on NODES x NPROC_PER_NODE ranks through "
+                    "`ringtrain run`. Example: ringtrain script slurm --nodes 2 --nproc-per-node 4 --time "
+                    "01:00:00 -- python3 train.py --epochs 5 > job.sh; sbatch job.sh")
     schedulers = parser.add_subparsers(dest="scheduler", metavar="SCHEDULER", required=True,
                                        parser_class=HelpfulParser)
     for name in ("slurm", "pbs", "lsf"):
@@ -46,6 +47,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                     description=f"Print {_WHAT[name]}; submit it with `{_SUBMIT[name]}`.")
         _add_options(sub, name)
         sub.set_defaults(func=run)
+    _add_kubernetes(schedulers)
+
+
+def _add_kubernetes(schedulers: argparse._SubParsersAction) -> None:
+    from ringtrain.launch.k8s_manifests import KINDS
+
+    sub = schedulers.add_parser(
+        "kubernetes", help="print a Kubernetes manifest (TrainJob, PyTorchJob, MPIJob or JobSet)",
+        description="Print a manifest for `kubectl apply -f` whose pods run `ringtrain run COMMAND`, reading "
+                    "what the operator sets (docs/kubernetes.md). Example: ringtrain script kubernetes "
+                    "--kind trainjob --nodes 2 --nproc-per-node 4 --image IMAGE --gpus-per-node 4 -- "
+                    "python train.py > job.yaml")
+    sub.add_argument("--kind", choices=KINDS, required=True,
+                     help="trainjob (Kubeflow Trainer v2), pytorchjob (Training Operator v1), mpijob (MPI "
+                          "Operator), jobset (JobSet)")
+    sub.add_argument("--nodes", "-N", type=int, required=True, help="number of nodes (pods)")
+    sub.add_argument("--nproc-per-node", dest="procs_per_node", type=int, required=True, help="ranks per pod")
+    sub.add_argument("--image", required=True, help="container image with ringtrain and the program")
+    sub.add_argument("--name", default="ringtrain", help="the job's name (default ringtrain)")
+    sub.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu per pod (default none)")
+    sub.add_argument("--cpu", help="CPU request per pod, e.g. 8")
+    sub.add_argument("--memory", help="memory request per pod, e.g. 32Gi")
+    sub.add_argument("--shm-size", help="size of /dev/shm per pod (default 2Gi per rank)")
+    sub.add_argument("--secret-name", help="the Secret holding RINGTRAIN_JOB_SECRET (default NAME-secret)")
+    sub.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                     help="the program every rank runs, after --")
+    sub.set_defaults(func=run_kubernetes)
+
+
+def run_kubernetes(args: argparse.Namespace) -> int:
+    """Print the manifest."""
+    from ringtrain.launch.k8s_manifests import KubernetesJob, render
+
+    command = list(args.program)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        job = KubernetesJob(kind=args.kind, nodes=args.nodes, nproc_per_node=args.procs_per_node,
+                            image=args.image, command=tuple(command), name=args.name,
+                            gpus_per_node=args.gpus_per_node, cpu=args.cpu, memory=args.memory,
+                            shm_size=args.shm_size, secret_name=args.secret_name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(render(job))
+    return 0
 
 
 def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:

@@ -1,21 +1,31 @@
 """Where the ranks go: one node here, many hosts, or the nodes of a Slurm/PBS allocation.
 
 Precedence: ``--standalone`` (this node alone), then explicit torchrun node flags (``--node-rank``,
-``--rdzv-endpoint``, ``--nnodes >1``), then ``-H``/``--hostfile``, then an ``srun`` step (one task per
-node), then a Slurm batch shell (re-launch through ``srun``), then a PBS or LSF allocation (its host
-file), then this machine alone. Explicit flags and MASTER_ADDR/MASTER_PORT win over addresses derived
-from an allocation. What the allocation says (nodes, node rank, tasks per node, hosts, whether this is
-an ``srun`` step) comes from its environment object (:func:`ringtrain.env.allocation.scheduler_job`);
-this module reads no scheduler variable itself.
+``--rdzv-endpoint``, ``--nnodes >1``, also read from torchrun's ``PET_*`` variables), completed by a
+Kubernetes operator's pod (a PyTorchJob's ``RANK`` or a JobSet's ``JOB_COMPLETION_INDEX`` as node rank,
+processes per pod from ``WORLD_SIZE``), then ``-H``/``--hostfile``, then an MPIJob launcher's hostfile,
+then an ``srun`` step (one task per node), then a Slurm batch shell (re-launch through ``srun``), then a
+PBS or LSF allocation (its host file), then this machine alone. Explicit flags and
+MASTER_ADDR/MASTER_PORT win over addresses derived from an allocation. What the allocation says (nodes,
+node rank, tasks per node, hosts, whether this is an ``srun`` step) comes from its environment object
+(:func:`ringtrain.env.allocation.scheduler_job`); this module reads no scheduler variable itself; the
+same holds for the operators' pods (:func:`ringtrain.env.kubernetes.kubernetes_pod`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ringtrain.env.allocation import scheduler_job
+from ringtrain.env.kubernetes import (
+    JobSetEnvironment,
+    MpiJobLauncherEnvironment,
+    PyTorchJobEnvironment,
+    kubernetes_pod,
+)
 from ringtrain.env.lsf import LsfEnvironment
 from ringtrain.env.pbs import PbsEnvironment
 from ringtrain.env.slurm import SlurmEnvironment, SlurmShellEnvironment
@@ -128,8 +138,51 @@ def _slurm_plan(config: LaunchConfig, job: SlurmEnvironment | SlurmShellEnvironm
                     rdzv_endpoint="", run_id=run_id, local_only=True, source="slurm (one node)")
 
 
+def _with_pod(config: LaunchConfig, environ: Mapping[str, str]) -> tuple[LaunchConfig, str | None]:
+    """``config`` completed by what a PyTorchJob's or JobSet's pod says and the flags do not.
+
+    torchrun's ``PET_*`` variables already came in as flag defaults; what remains is the node rank a
+    PyTorchJob gives as ``RANK`` (older operators set no ``PET_NODE_RANK``) or a JobSet as
+    ``JOB_COMPLETION_INDEX``, and a PyTorchJob's processes per pod when only ``WORLD_SIZE`` says it.
+    """
+    pod = kubernetes_pod(environ)
+    if not isinstance(pod, (PyTorchJobEnvironment, JobSetEnvironment)) or config.standalone:
+        return config, None
+    if isinstance(pod, PyTorchJobEnvironment) and pod.elastic:
+        return config, "elastic pytorchjob (PET_RDZV_*)"
+    try:
+        changes: dict[str, object] = {}
+        if config.node_rank is None:
+            changes["node_rank"] = pod.pod_node_rank()
+        if config.nnodes is None:
+            changes["nnodes"] = pod.nnodes()
+        if config.nproc_per_node is None and not config.num_proc:
+            changes["nproc_per_node"] = pod.nproc_per_node()
+        nodes = (changes.get("nnodes") or config.nnodes or (1, 1))[1]  # type: ignore[index]
+        rank = changes.get("node_rank", config.node_rank)
+        if isinstance(rank, int) and rank >= nodes:
+            variable = "RANK" if isinstance(pod, PyTorchJobEnvironment) else "JOB_COMPLETION_INDEX"
+            raise ClusterEnvironmentError(f"{pod.name}: {variable}={rank} is not below the {nodes} nodes of "
+                                          "the job. HINT: unset stale values in the pod template.")
+    except ClusterEnvironmentError as exc:  # it names the variable and the fix
+        raise UsageError(str(exc)) from None
+    source = f"{pod.name} pod ({', '.join(sorted(changes))} from its variables)" if changes else None
+    return dataclasses.replace(config, **changes), source  # type: ignore[arg-type]
+
+
+def _mpijob_hosts(config: LaunchConfig, pod: MpiJobLauncherEnvironment) -> HostsPlan:
+    """An MPIJob's launcher pod: its workers from the operator's hostfile."""
+    try:
+        entries = pod.hosts()
+    except ClusterEnvironmentError as exc:  # it names the file, the line and the fix
+        raise UsageError(str(exc)) from None
+    hosts = tuple(HostSlots(host, config.nproc_per_node or slots) for host, slots in entries)
+    return HostsPlan(hosts, config.num_proc or sum(h.slots for h in hosts), pod.hostfile_variable or "mpijob")
+
+
 def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
     """Decide how this ``ringtrain run`` starts its ranks."""
+    config, pod_source = _with_pod(config, environ)
     # A single node's rendezvous is private, so a fresh id keeps its log folders apart; nodes that must
     # meet derive theirs from what they share.
     run_id = config.rdzv_id or uuid.uuid4().hex[:12]
@@ -159,9 +212,12 @@ def resolve_plan(config: LaunchConfig, environ: Mapping[str, str]) -> Plan:
                              f"HINT: node ranks run from 0 to {max_nodes - 1}.")
         return NodePlan(nproc=_per_node(config, max_nodes, 1, "--nnodes"), node_rank=config.node_rank or 0,
                         min_nodes=min_nodes, max_nodes=max_nodes, rdzv_backend=backend,
-                        rdzv_endpoint=endpoint, run_id=shared_run_id, source="flags")
+                        rdzv_endpoint=endpoint, run_id=shared_run_id, source=pod_source or "flags")
     if config.hosts:
         return HostsPlan(config.hosts, config.num_proc or sum(h.slots for h in config.hosts), "hosts")
+    pod = kubernetes_pod(environ)
+    if isinstance(pod, MpiJobLauncherEnvironment):
+        return _mpijob_hosts(config, pod)
     job = scheduler_job(environ)
     if isinstance(job, (SlurmEnvironment, SlurmShellEnvironment)):
         try:

@@ -6,6 +6,8 @@ import os
 import re
 import shlex
 import subprocess
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -67,21 +69,49 @@ def remote_command(host: str, argv: Sequence[str], env: Mapping[str, str], cwd: 
     return [*ssh_base(host, port, identity_file, connect_timeout, alive_timeout), script]
 
 
+#: ssh's words for a host that is not up yet: its name not in DNS yet (a Kubernetes pod's DNS record
+#: appears when the pod runs), nothing listening yet (sshd starting), no route or no answer yet.
+_NOT_UP_YET = ("could not resolve hostname", "name or service not known", "temporary failure in name",
+               "connection refused", "no route to host", "connection timed out", "network is unreachable",
+               "no answer")
+#: Seconds between two tries at a host that is not up yet.
+RETRY_INTERVAL = 1.0
+
+
 def probe_hosts(hosts: Sequence[str], port: int | None, identity_file: str | None, timeout: float) -> None:
-    """Check in parallel that every host answers ``ssh host true`` within ``timeout`` seconds."""
-    def probe(host: str) -> str | None:
-        cmd = [*ssh_base(host, port, identity_file, timeout), "true"]
+    """Check in parallel that every host answers ``ssh host true`` within ``timeout`` seconds.
+
+    A host that is not up yet (see ``_NOT_UP_YET``: worker pods start in any order, and their DNS names
+    resolve only once they run) is tried again every ``RETRY_INTERVAL`` seconds until ``timeout``; any
+    other failure (a refused key, say) is reported at once.
+    """
+    def attempt(host: str, limit: float) -> str | None:
+        cmd = [*ssh_base(host, port, identity_file, limit), "true"]
         try:
             result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                    timeout=timeout + 5)
+                                    timeout=limit + 5)
         except FileNotFoundError:
             return "the ssh client is not installed"
         except subprocess.TimeoutExpired:
             return "no answer"
         if result.returncode != 0:
             lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
-            return lines[-1] if lines else f"ssh exited with code {result.returncode}"
+            return lines[-1].rstrip(".") if lines else f"ssh exited with code {result.returncode}"
         return None
+
+    def probe(host: str) -> str | None:
+        deadline = time.monotonic() + timeout
+        tries = 0
+        while True:
+            tries += 1
+            why = attempt(host, max(deadline - time.monotonic(), 1.0))
+            left = deadline - time.monotonic()
+            if why is None or not any(words in why.lower() for words in _NOT_UP_YET) or left <= 0:
+                return f"{why} ({tries} tries)" if why and tries > 1 else why
+            if tries == 1:  # said once: a pod still starting is normal, a name misspelt is not
+                print(f"ringtrain run: {host} is not up yet ({why}); trying again for up to {left:.0f} s "
+                      "(--start-timeout)", file=sys.stderr, flush=True)
+            time.sleep(min(RETRY_INTERVAL, left))
 
     if not hosts:
         return
@@ -93,7 +123,8 @@ def probe_hosts(hosts: Sequence[str], port: int | None, identity_file: str | Non
             if len(problems) > 1 else ""
         raise UsageError(f"host {host} unreachable over ssh within {timeout:g} s: {why}{others}. "
                          f"HINT: check that 'ssh {host} true' works without a password (keys in "
-                         "~/.ssh or -i FILE, port with -p), or raise --start-timeout.")
+                         "~/.ssh or -i FILE, port with -p); a host (or Kubernetes pod) still starting "
+                         "was retried until then, so raise --start-timeout if it needs longer.")
 
 
 def cwd_for_remote() -> str:
