@@ -29,6 +29,9 @@ from ringtrain.ray.worker import RayWorker
 
 #: Seconds between checks on the running ranks while waiting for their results.
 _POLL_S = 1.0
+#: Seconds the other ranks get to report once one failed, so that a rank that died is named as the
+#: cause rather than a rank that merely lost its connection to it (Ray learns of a death a bit later).
+_ROOT_CAUSE_WAIT_S = 10.0
 
 
 class WorkerLostError(RuntimeError):
@@ -272,31 +275,37 @@ class RayExecutor:
         while pending:
             wait = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
-            for ref in done:
-                self._check_one(ref, index[ref], what)
+            failed = [ref for ref in done if _failure(ref) is not None]
+            if failed:
+                self._fail(failed, pending, index, what)
             if pending and deadline is not None and time.monotonic() >= deadline:
                 raise _StartTimeout(f"{len(pending)} of {len(refs)} results missing")
         return ray.get(list(refs))
 
-    def _check_one(self, ref: Any, position: int, what: str) -> None:
+    def _fail(self, failed: list[Any], pending: list[Any], index: dict[Any, int], what: str) -> None:
+        """Raise for the root cause among the failed ranks: a rank that died beats the errors of the ranks
+        that lost their connection to it, so the others get :data:`_ROOT_CAUSE_WAIT_S` to report too."""
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import RayActorError
 
-        try:
-            ray.get(ref)
-        except RayActorError as exc:
-            where = self._where(position)
-            self.shutdown()
+        if pending and not any(isinstance(_failure(ref), RayActorError) for ref in failed):
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=_ROOT_CAUSE_WAIT_S)
+            failed += [ref for ref in done if _failure(ref) is not None]
+        died = [ref for ref in failed if isinstance(_failure(ref), RayActorError)]
+        ref = min(died or failed, key=lambda r: index[r])
+        position, error = index[ref], _failure(ref)
+        where = self._where(position)
+        others = sorted(index[r] for r in failed if r is not ref)
+        self.shutdown()
+        also = f" (rank(s) {', '.join(map(str, others))} failed too)" if others else ""
+        if died:
             raise WorkerLostError(
-                f"rank {position}{where} died during {what}: {_first_line(exc)}. The other ranks were "
-                "stopped. HINT: look for that node's failure (out of memory, node lost) in Ray's logs; call "
-                "start() to begin again.") from None
-        except RayTaskError as exc:
-            where = self._where(position)
-            self.shutdown()
-            exc.add_note(f"ringtrain.ray: raised by rank {position}{where} during {what}; "
-                         "the other ranks were stopped.")
-            raise
+                f"rank {position}{where} died during {what}: {_first_line(error)}{also}. The other ranks "
+                "were stopped. HINT: look for that node's failure (out of memory, node lost) in Ray's logs; "
+                "call start() to begin again.") from None
+        error.add_note(f"ringtrain.ray: raised by rank {position}{where} during {what}{also}; "
+                       "the other ranks were stopped.")
+        raise error
 
     def _where(self, position: int) -> str:
         if position >= len(self._places):
@@ -314,6 +323,17 @@ class _Call:
 
     def __call__(self, executable: Any) -> Any:
         return self.fn(*self.args, **self.kwargs)
+
+
+def _failure(ref: Any) -> BaseException | None:
+    """The error of a finished ``ref`` (None when it holds a result)."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except Exception as exc:  # noqa: BLE001 - the caller sorts actor deaths from the user's errors
+        return exc
+    return None
 
 
 def _horovod_dir() -> str | None:
