@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 
 from ringtrain.engine import job_store  # noqa: E402
 from ringtrain.exceptions import AuthenticationError  # noqa: E402
-from ringtrain.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
+from ringtrain.ray import RayExecutor  # noqa: E402
 from ringtrain.ray.cluster import PlacementTimeoutError  # noqa: E402
 from ringtrain.ray.executor import WorkerLostError  # noqa: E402
 
@@ -120,14 +120,6 @@ def test_bad_arguments_are_named(kwargs: dict, match: str) -> None:
 def test_settings_must_come_from_create_settings() -> None:
     with pytest.raises(TypeError, match="create_settings"):
         RayExecutor({"timeout_s": 5}, num_workers=2)
-
-
-def test_elastic_is_refused_with_what_to_use_instead() -> None:
-    with pytest.raises(NotImplementedError, match="num_workers.*--min-np"):
-        RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=4)
-    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=4)
-    with pytest.raises(NotImplementedError, match="RayExecutor"):
-        ElasticRayExecutor(settings, cpus_per_slot=1)
 
 
 def test_calls_before_start_say_so() -> None:

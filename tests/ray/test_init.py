@@ -27,3 +27,13 @@ def test_ringtrain_imports_without_ray() -> None:
     code = _NO_RAY + "import ringtrain, ringtrain.launch.api; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_the_shims_horovod_ray_is_ringtrains() -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
+    code = (f"import sys; sys.path.insert(0, {str(SHIM_DIR)!r}); import horovod.ray, ringtrain.ray; "
+            "print(horovod.ray.RayExecutor is ringtrain.ray.RayExecutor, "
+            "horovod.ray.ElasticRayExecutor is ringtrain.ray.ElasticRayExecutor, "
+            "horovod.ray.BaseHorovodWorker is ringtrain.ray.RayWorker)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True", "True"], result.stderr
