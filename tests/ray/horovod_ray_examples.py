@@ -6,6 +6,7 @@ Prints one line per example; any failed check raises.
 """
 
 import os
+import socket
 
 import horovod.torch as hvd
 import ray
@@ -23,7 +24,7 @@ def make_executor(settings):
 
 def whoami():
     hvd.init()
-    print("hello from rank", hvd.rank(), "of", hvd.size(), flush=True)
+    print("hello from rank", hvd.rank(), "of", hvd.size(), "on", socket.gethostname(), flush=True)
     return hvd.rank()
 
 
