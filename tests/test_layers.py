@@ -1,6 +1,6 @@
 """The package's imports run one way, down these layers (DESIGN.md, "Layering"):
 
-    cli -> bench -> train / check -> workloads -> launch -> shim -> the Horovod API -> engine -> env
+    cli -> bench -> train / check -> workloads -> launch -> shim -> ray -> the Horovod API -> engine -> env
 
 ``ringtrain.exceptions`` is at the bottom, usable from anywhere. Imports are read from the source
 with ``ast``, those inside functions included: a lazy import that goes upward is a cycle in disguise.
@@ -28,6 +28,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("launch", 40, ("ringtrain.launch",)),
     # The horovod shim forwards to the API; the launcher puts it on the workers' PYTHONPATH.
     ("shim", 35, ("ringtrain.shim",)),
+    # Horovod's Ray executor: the shim's horovod.ray forwards to it; it needs only the engine.
+    ("ray", 33, ("ringtrain.ray",)),
     ("api", 30, ("ringtrain.mpi_ops", "ringtrain.optimizer", "ringtrain.functions", "ringtrain.compression",
                  "ringtrain.elastic", "ringtrain.process_sets", "ringtrain.sync_batch_norm", "ringtrain.ops",
                  "ringtrain.optimizer_names", "ringtrain.adasum_optimizer", "ringtrain.overlap")),

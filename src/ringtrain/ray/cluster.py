@@ -1,0 +1,123 @@
+"""Reaching the Ray cluster and reserving room on it (the placement group), with errors that say why.
+
+``ray.init`` toward an address nobody answers on retries for a long time; the reachability check
+below turns that into one error within ``timeout_s``. A placement group that the cluster cannot fit
+waits forever; :func:`reserve` gives up after ``placement_group_timeout_s`` and names what was asked
+and what the cluster has.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The variable Ray itself reads for the cluster to join.
+ADDRESS_VARIABLE = "RAY_ADDRESS"
+
+
+class ClusterUnreachableError(ConnectionError):
+    """No Ray cluster answers at the address given."""
+
+
+class PlacementTimeoutError(TimeoutError):
+    """The cluster could not fit the workers within ``placement_group_timeout_s``."""
+
+
+def connect(address: str | None, timeout_s: float) -> None:
+    """``ray.init`` unless this process is connected already.
+
+    ``address`` (else ``RAY_ADDRESS``): ``host:port`` of a cluster's head (its GCS port), ``ray://...``
+    (Ray Client) or ``auto``; None or empty starts a local cluster, as ``ray.init()`` does.
+    """
+    import ray  # the ray extra: every function imports it where used, so the package loads without it
+
+    if ray.is_initialized():
+        return
+    address = (address or os.environ.get(ADDRESS_VARIABLE, "")).strip() or None
+    if address not in (None, "auto", "local"):
+        _check_reachable(address, timeout_s)
+    ray.init(address=address, include_dashboard=False, log_to_driver=True)
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT). HINT: give the "
+                         "head node's address as `ray start --head` printed it, e.g. 10.0.0.1:6379.")
+    deadline = time.monotonic() + timeout_s
+    last: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)),
+                                          timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return
+        except OSError as exc:
+            last = exc
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    raise ClusterUnreachableError(
+        f"no Ray cluster answers at {address} within {timeout_s:g} s ({last}). HINT: start one there with "
+        "`ray start --head`, check the address and that its port is reachable from this host, or raise "
+        "create_settings(timeout_s=...).")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The placement group the workers go into, and whether the executor made it (and removes it)."""
+
+    group: Any  # ray.util.placement_group.PlacementGroup
+    owned: bool
+    #: Bundle index per worker (-1: any bundle of a group the executor did not make).
+    bundles: tuple[int, ...]
+
+
+def reserve(bundle: Mapping[str, float], num_bundles: int, strategy: str, workers_per_bundle: int,
+            timeout_s: float, use_current: bool) -> Reservation:
+    """Make (or, with ``use_current`` inside one, take the current) placement group for the workers."""
+    import ray
+    from ray.util.placement_group import get_current_placement_group, remove_placement_group
+
+    if use_current:
+        current = get_current_placement_group()
+        if current is not None:
+            return Reservation(group=current, owned=False, bundles=(-1,) * (num_bundles * workers_per_bundle))
+    bundles = [{k: v for k, v in bundle.items() if v} for _ in range(num_bundles)]
+    group = ray.util.placement_group(bundles, strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise PlacementTimeoutError(
+            f"the Ray cluster could not place {num_bundles} bundle(s) of {_resources(bundles[0])} "
+            f"({strategy}) within placement_group_timeout_s={timeout_s:g}: the cluster has "
+            f"{_resources(ray.cluster_resources())} in all, {_resources(ray.available_resources())} free, on "
+            f"{_alive_nodes()} node(s). HINT: ask for fewer workers or CPUs/GPUs per worker, add nodes, or "
+            "raise placement_group_timeout_s for an autoscaling cluster.")
+    order = tuple(index for index in range(num_bundles) for _ in range(workers_per_bundle))
+    return Reservation(group=group, owned=True, bundles=order)
+
+
+def release(reservation: Reservation | None) -> None:
+    """Remove the placement group if the executor made it."""
+    from ray.util.placement_group import remove_placement_group
+
+    if reservation is not None and reservation.owned:
+        try:
+            remove_placement_group(reservation.group)
+        except Exception:  # noqa: BLE001 - the cluster may be gone already; nothing left to free then
+            pass
+
+
+def _resources(resources: Mapping[str, Any]) -> str:
+    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or k.startswith("accelerator_type")}
+    return "{" + ", ".join(f"{k}: {v:g}" if isinstance(v, int | float) else f"{k}: {v}"
+                           for k, v in sorted(shown.items())) + "}"
+
+
+def _alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))

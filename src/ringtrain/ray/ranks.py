@@ -1,0 +1,103 @@
+"""Numbering the workers: ranks grouped by Ray node, and the environment each rank gets.
+
+Pure functions (no Ray calls), so that the rank arithmetic is tested on its own.
+
+Nodes are ordered by how many workers they hold, most first (ties: the order the workers were
+created in). With that order, the nodes that hold local rank ``r`` are always the first ones, so a
+worker's Horovod cross rank is its node's index and the cross size of local rank ``r`` is the number
+of nodes holding more than ``r`` workers: right on uneven placements (``PACK``) too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ringtrain.engine import auth
+from ringtrain.engine.job_store import split_address
+
+
+@dataclass(frozen=True)
+class WorkerNode:
+    """Where one worker actor landed (as the actor itself reports it)."""
+
+    node_id: str
+    node_ip: str
+    hostname: str
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """One worker's place in the job."""
+
+    worker: int  # index of the actor in creation order
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    node_rank: int
+    cross_rank: int
+    cross_size: int
+    node: WorkerNode
+
+
+def assign_ranks(nodes: Sequence[WorkerNode]) -> list[RankPlace]:
+    """Ranks for workers created in order, ``nodes[i]`` being where worker ``i`` runs; in rank order."""
+    groups: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        groups.setdefault(node.node_id, []).append(index)
+    ordered = sorted(groups.values(), key=lambda members: (-len(members), members[0]))
+    counts = [len(members) for members in ordered]
+    places: list[RankPlace] = []
+    for node_rank, members in enumerate(ordered):
+        for local_rank, worker in enumerate(members):
+            places.append(RankPlace(
+                worker=worker, rank=len(places), size=len(nodes), local_rank=local_rank,
+                local_size=len(members), node_rank=node_rank, cross_rank=node_rank,
+                cross_size=sum(1 for c in counts if c > local_rank), node=nodes[worker]))
+    return places
+
+
+def worker_environ(place: RankPlace, store_address: str, gloo_timeout_s: float,
+                   nics: Sequence[str] | None = None,
+                   extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``hvd.init()`` reads in the actor of ``place`` (the job's secret travels apart).
+
+    torch's env:// names (what ``ringtrain run`` gives its ranks) plus Horovod's, pointing at the job
+    store the driver hosts. ``GROUP_WORLD_SIZE`` is left out on purpose: without it the cross size is
+    read from ``CROSS_SIZE``, which is per local rank. ``extra`` (the user's ``extra_env_vars``) is
+    applied last, so it may override any of them.
+    """
+    host, port = split_address(store_address)
+    env = {
+        "RANK": str(place.rank),
+        "WORLD_SIZE": str(place.size),
+        "LOCAL_RANK": str(place.local_rank),
+        "LOCAL_WORLD_SIZE": str(place.local_size),
+        "GROUP_RANK": str(place.node_rank),
+        "CROSS_RANK": str(place.cross_rank),
+        "CROSS_SIZE": str(place.cross_size),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        auth.ENV_ADDRESS: store_address,
+        "HOROVOD_RANK": str(place.rank),
+        "HOROVOD_SIZE": str(place.size),
+        "HOROVOD_LOCAL_RANK": str(place.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(place.local_size),
+        "HOROVOD_CROSS_RANK": str(place.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(place.cross_size),
+        "HOROVOD_HOSTNAME": place.node.hostname,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if nics:
+        env["GLOO_SOCKET_IFNAME"] = ",".join(nics)
+    for key, value in (extra or {}).items():
+        env[str(key)] = str(value)
+    return env
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
