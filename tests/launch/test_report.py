@@ -32,6 +32,14 @@ def test_earliest_prefers_real_failures_over_ranks_stopped_by_their_agent():
     assert earliest([later, stopped, real]) is real
 
 
+def test_within_a_second_a_rank_that_said_why_comes_before_one_timed_to_the_second():
+    # torch's agent times a rank without an error file to the whole second (100.0 for 100.9)
+    said = failure(0, 100.4, exitcode=2, message="cannot write snapshot (ENOSPC)")
+    silent = failure(1, 100.0, exitcode=2)
+    assert earliest([silent, said]) is said
+    assert earliest([failure(1, 99.0, exitcode=2), said]).rank == 1  # an earlier second still wins
+
+
 def test_report_names_host_rank_signal_and_traceback():
     text = format_report(failure(2, 0.0, exitcode=-signal.SIGKILL, traceback="Traceback\nBoom\n"), 2, 4)
     assert "hostB" in text

@@ -91,9 +91,12 @@ def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
     """The root cause: the failure that happened first (ties keep the order of arrival).
 
     Ranks ended by SIGTERM were stopped by their agent because another rank failed, so they come last.
+    A rank that left no error file is timed by torch's agent to the whole second only, so within one
+    second a rank that said why it failed (its own, exact time) comes first.
     """
     ordered = sorted(enumerate(failures),
-                     key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].time, item[0]))
+                     key=lambda item: (item[1].exitcode == -signal.SIGTERM, int(item[1].time),
+                                       not item[1].message, item[1].time, item[0]))
     return ordered[0][1] if ordered else None
 
 

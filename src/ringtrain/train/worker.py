@@ -39,8 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_job(job)
     except input_errors() as exc:
         message = str(exc)
-        reported = report_to_agent(message, os.environ.get("TORCHELASTIC_ERROR_FILE"),
-                                   getattr(exc, "failed_at", None))
+        reported = report_to_agent(message, os.environ.get("TORCHELASTIC_ERROR_FILE"), _failed_at(exc))
         if args.error_dir:
             write_error(args.error_dir, rank, message, reported=reported)
         if not reported:
@@ -59,6 +58,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(128 + signal.SIGINT)
     return 0
+
+
+def _failed_at(exc: BaseException | None) -> float | None:
+    """When this rank's own failure happened, as ``ringtrain.train.agreement`` noted it (on the exception
+    or one it was raised from), or None."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        if (when := getattr(exc, "failed_at", None)) is not None:
+            return float(when)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def report_to_agent(message: str, path: str | None, when: float | None = None) -> bool:
