@@ -164,6 +164,7 @@ def test_a_wrong_reduction_is_reported_with_the_bad_value(ranks2) -> None:
         assert "expected 0.0" in failed["allreduce[min]"]
 
 
+@pytest.mark.slow
 def test_ranks_of_ringtrain_run_name_it_as_their_environment() -> None:
     skip_unless_collectives()
     argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, "-m", "ringtrain", "check",

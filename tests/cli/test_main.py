@@ -98,6 +98,7 @@ def test_commands_that_do_not_train_do_not_import_torch(argv, tmp_path):
     assert probe["torch"] == [], f"{argv} imported torch"
 
 
+@pytest.mark.slow
 def test_the_probe_sees_torch_when_a_command_imports_it(tmp_path):
     # the same probe on a command that trains must see torch: the test above can fail
     argv = ["train", "synthetic", "--epochs", "1", "--subset", "8", "--max-steps-per-epoch", "1",

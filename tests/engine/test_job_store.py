@@ -485,6 +485,7 @@ def test_young_handshakes_are_not_pushed_out_newcomers_are_refused_until_the_gra
                 sock.close()
 
 
+@pytest.mark.slow
 def test_a_flood_of_connections_neither_starves_the_ranks_nor_prints_tracebacks(capfd, caplog):
     """A bounded flood on loopback (4 threads, 5 s): ranks still connect and work; one log line."""
     deadline_s, worst = 5.0, 0.0

@@ -108,6 +108,7 @@ def finish(proc: subprocess.Popen, grandchild: int) -> None:
     proc.wait()
 
 
+@pytest.mark.slow
 def test_a_kill_request_kills_the_child_and_its_children_at_once():
     proc, grandchild = start_child(silence_s=600, grace_s=600)
     try:
@@ -124,6 +125,7 @@ def test_a_kill_request_kills_the_child_and_its_children_at_once():
         finish(proc, grandchild)
 
 
+@pytest.mark.slow
 def test_a_silent_driver_stops_the_child_which_exits_after_its_grace():
     proc, grandchild = start_child(silence_s=1, grace_s=1)
     try:
@@ -137,6 +139,7 @@ def test_a_silent_driver_stops_the_child_which_exits_after_its_grace():
         finish(proc, grandchild)
 
 
+@pytest.mark.slow
 def test_end_of_file_stops_a_child_that_never_heard_a_beat():
     proc, grandchild = start_child(silence_s=1, grace_s=1)
     try:
