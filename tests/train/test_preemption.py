@@ -42,11 +42,40 @@ def test_the_agreement_answers_one_step_late_and_the_same_for_every_rank():
         return sum_async
 
     handlers = [StopSignals([signal.SIGUSR1]), StopSignals([signal.SIGUSR1])]
-    ranks = [StopAgreement(sum_async_of(r), handlers[r]) for r in range(2)]
+    ranks = [StopAgreement(sum_async_of(r), handlers[r], rank=r, every_s=0.0) for r in range(2)]
     assert [r.poll() for r in ranks] == [0, 0]  # step 1: nothing pending yet
     handlers[1].received = signal.SIGUSR1  # rank 1 alone gets the signal during step 2
     assert [r.poll() for r in ranks] == [0, 0]  # step 2 reads step 1's sum
     assert [r.poll() for r in ranks] == [signal.SIGUSR1, signal.SIGUSR1]  # step 3: both stop here
+
+
+def test_rank_0_paces_the_sums_and_every_rank_reads_them_after_the_same_steps():
+    """Steps of 10 ms and every_s 0.05: after the first read, a sum every 5 steps on both ranks."""
+    started: list[list[torch.Tensor]] = [[], []]
+    now = [0.0]
+
+    def sum_async_of(rank):
+        def sum_async(tensor):
+            started[rank].append(tensor)
+            index = len(started[rank]) - 1
+            return lambda: started[0][index] + started[1][index]
+        return sum_async
+
+    handlers = [StopSignals([signal.SIGUSR1]), StopSignals([signal.SIGUSR1])]
+    ranks = [StopAgreement(sum_async_of(r), handlers[r], rank=r, every_s=0.05, clock=lambda: now[0])
+             for r in range(2)]
+    answers = []
+    for step in range(1, 40):
+        now[0] += 0.01
+        if step == 20:
+            handlers[0].received = signal.SIGUSR1  # rank 0 alone, during step 20
+        answers.append([r.poll() for r in ranks])
+        if answers[-1] != [0, 0]:
+            break
+    assert ranks[0].every == ranks[1].every == 5
+    assert len(started[0]) == len(started[1]) < 10  # a sum every 5 steps, not one a step
+    assert answers[-1] == [signal.SIGUSR1, signal.SIGUSR1]  # the same answer after the same step
+    assert step - 20 <= 2 * 5  # within two intervals of the signal
 
 
 def test_handlers_note_the_signal_instead_of_dying():

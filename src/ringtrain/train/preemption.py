@@ -2,9 +2,9 @@
 
 A scheduler warns before it stops a job (Slurm ``--signal=B:USR1@120`` and preemption's SIGTERM, PBS's
 SIGTERM at walltime, LSF ``bsub -wa USR1``). A rank that receives one of the handled signals only sets
-a flag (:class:`StopSignals`); the ranks agree on it through a one-float sum started after every
-optimizer step and read after the next one (:class:`StopAgreement`), so the sum overlaps a whole step
-of computation and costs no throughput, and every rank sees the same answer after the same step. The
+a flag (:class:`StopSignals`); the ranks agree on it through a small sum started after an optimizer
+step and read a few steps later, about every half second (:class:`StopAgreement`), so the sum overlaps
+computation, and every rank sees the same answer after the same step. The
 Trainer then writes one step-exact snapshot and raises :class:`Preempted`; ``ringtrain train``'s ranks
 exit with :data:`PREEMPTED_EXIT` and the launcher says ``preempted at step S, snapshot P``. Running the
 same command again resumes from it.
@@ -98,34 +98,71 @@ SumAsync = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 
 class StopAgreement:
-    """The ranks' common answer to "did any rank get a handled signal?", one step late, for free.
+    """The ranks' common answer to "did any rank get a handled signal?", a fraction of a second late.
 
-    ``poll()`` after every optimizer step (on every rank): it reads the sum started at the previous
-    poll, starts the next one with this rank's flag, and returns the number of the signal any rank got
-    (0: none). The value read is the same on every rank, so all stop after the same step.
+    ``poll()`` after every optimizer step (on every rank). Every few steps it reads the sum started at
+    the previous such poll, starts the next one with this rank's flag, and returns the number of the
+    signal any rank got (0: none). The value read is the same on every rank, and so is the step it is
+    read at, so all stop after the same step.
+
+    How many steps go between two sums is agreed too: rank 0 adds to each sum the count of steps that
+    take about ``every_s`` seconds at the pace it measured, and every rank reads it with the flag. One
+    small sum a step cost the MNIST CNN 4-6 % of its training time on 2 CPU ranks
+    (benchmarks/stop_check_bench.py); one every ``every_s`` costs nothing measurable, and a signal
+    still stops the ranks within about two ``every_s`` plus a step. ``every_s`` 0: a sum every step.
     """
 
-    def __init__(self, sum_async: SumAsync, signals: StopSignals) -> None:
+    #: Most steps between two sums, whatever the pace (a step of microseconds).
+    MAX_EVERY = 10_000
+
+    def __init__(self, sum_async: SumAsync, signals: StopSignals, rank: int = 0, every_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._sum_async = sum_async
         self.signals = signals
+        self.rank = rank
+        self.every_s = every_s
+        self._clock = clock
         self._pending: Callable[[], torch.Tensor] | None = None
+        #: Steps between the sum in flight and its read (agreed: the same on every rank).
+        self.every = 1
+        self._countdown = 0
+        self._started_at: float | None = None
+        self._steps_since_start = 0
 
-    def _flag(self) -> torch.Tensor:
+    def _flag(self) -> float:
         got = self.signals.received
         if got is None and self.signals.past_deadline():
-            return torch.tensor([float(WALLTIME_CODE)], dtype=torch.float64)
-        return torch.tensor([float(got) if got is not None else 0.0], dtype=torch.float64)
+            return float(WALLTIME_CODE)
+        return float(got) if got is not None else 0.0
+
+    def _next_every(self) -> float:
+        """Rank 0's proposal for the steps until the next read (0 from the other ranks: it is a sum)."""
+        if self.rank != 0:
+            return 0.0
+        now, started, steps = self._clock(), self._started_at, self._steps_since_start
+        self._started_at, self._steps_since_start = now, 0
+        if started is None or self.every_s <= 0 or now <= started or steps <= 0:
+            return 1.0
+        per_step = (now - started) / steps
+        return float(min(max(round(self.every_s / per_step), 1), self.MAX_EVERY))
 
     def poll(self) -> int:
+        self._steps_since_start += 1
+        self._countdown -= 1
+        if self._countdown > 0:
+            return 0
         agreed = 0
         if self._pending is not None:
             # the sum of signal numbers: not a signal when two ranks got different ones, so report the
             # number only when it is one; any non-zero sum stops every rank alike
-            total = int(self._pending().item())
+            total = self._pending()
             self._pending = None
-            agreed = total
+            agreed = int(total[0].item())
+            self.every = max(int(total[1].item()), 1)
         if not agreed:
-            self._pending = self._sum_async(self._flag())
+            self._pending = self._sum_async(torch.tensor([self._flag(), self._next_every()],
+                                                         dtype=torch.float64))
+            self._countdown = self.every
         return agreed
 
     def drain(self) -> None:

@@ -203,7 +203,8 @@ class Trainer:
         if not signals and end is None or self.elastic:
             return None
         deadline = None if end is None or margin is None else end - margin
-        return StopAgreement(self.strategy.sum_async, StopSignals(signals, deadline).install())
+        return StopAgreement(self.strategy.sum_async, StopSignals(signals, deadline).install(),
+                             rank=self.strategy.rank)
 
     def _poll_stop(self, total_batches: int) -> None:
         """After every optimizer step, on every rank: stop here when the ranks agree a signal came."""
