@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     write_results(args.out, "stop_check_bench", machine,
-                  text, {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows})
+                  text, {"args": {k: str(v) for k, v in vars(args).items() if k != "out"}, "rows": rows})
     return 0
 
 
