@@ -106,10 +106,10 @@ class StopAgreement:
     read at, so all stop after the same step.
 
     How many steps go between two sums is agreed too: rank 0 adds to each sum the count of steps that
-    take about ``every_s`` seconds at the pace it measured, and every rank reads it with the flag. One
-    small sum a step cost the MNIST CNN 4-6 % of its training time on 2 CPU ranks
-    (benchmarks/stop_check_bench.py); one every ``every_s`` costs nothing measurable, and a signal
-    still stops the ranks within about two ``every_s`` plus a step. ``every_s`` 0: a sum every step.
+    take about ``every_s`` seconds at the pace it measured, and every rank reads it with the flag, so a
+    job pays one small sum per ``every_s`` instead of one a step, and a signal still stops the ranks
+    within about two ``every_s`` plus a step. ``every_s`` 0: a sum every step. What the check costs is
+    measured by benchmarks/stop_check_bench.py (the figures: docs/preemption.md).
     """
 
     #: Most steps between two sums, whatever the pace (a step of microseconds).
