@@ -182,6 +182,13 @@ class _Refused(Exception):
         self.verdict = verdict
 
 
+
+def _quiet_about_cancelled(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """The shutting-down loop's exception handler: a cancelled task is no error, the rest is reported."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
 class JobStoreServer:
     """The job store's server, in a thread of its own; ``address`` is what clients connect to.
 
@@ -261,6 +268,10 @@ class JobStoreServer:
                 self._server.close()
             for writer in [*self._pending.values(), *self._clients]:
                 writer.transport.abort()
+            # A connection task cancelled before it first ran ends cancelled, and Python 3.11's stream
+            # callback then logs "Exception in callback ... CancelledError" for each: at shutdown that
+            # is no error (a flood left up to a thousand of them).
+            self._loop.set_exception_handler(_quiet_about_cancelled)
             # Connections accepted in the listener's last batch (up to a thousand under a flood) start
             # their tasks while the first ones are cancelled: cancel until none is left, or closing the
             # loop prints "Task was destroyed but it is pending!" with a traceback for each.
