@@ -30,9 +30,9 @@ def test_signal_names_parse_like_torchrun_and_bad_ones_are_refused():
         parse_signals("NOPE")
 
 
-def test_the_agreement_answers_one_step_late_and_the_same_for_every_rank():
-    """Two ranks with a real sum between them (done by hand, step by step, as the collective would)."""
-    started: list[list[torch.Tensor]] = [[], []]
+def two_rank_sums(started: list[list[torch.Tensor]]):
+    """``sum_async_of(rank)``: a sum between two ranks done by hand, the n-th call of each rank adding
+    up both ranks' n-th tensors (as the collective would); ``started`` keeps what each rank gave."""
 
     def sum_async_of(rank):
         def sum_async(tensor):
@@ -40,6 +40,13 @@ def test_the_agreement_answers_one_step_late_and_the_same_for_every_rank():
             index = len(started[rank]) - 1
             return lambda: started[0][index] + started[1][index]
         return sum_async
+    return sum_async_of
+
+
+def test_the_agreement_answers_one_step_late_and_the_same_for_every_rank():
+    """Two ranks with a real sum between them (done by hand, step by step, as the collective would)."""
+    started: list[list[torch.Tensor]] = [[], []]
+    sum_async_of = two_rank_sums(started)
 
     handlers = [StopSignals([signal.SIGUSR1]), StopSignals([signal.SIGUSR1])]
     ranks = [StopAgreement(sum_async_of(r), handlers[r], rank=r, every_s=0.0) for r in range(2)]
@@ -52,14 +59,8 @@ def test_the_agreement_answers_one_step_late_and_the_same_for_every_rank():
 def test_rank_0_paces_the_sums_and_every_rank_reads_them_after_the_same_steps():
     """Steps of 10 ms and every_s 0.05: after the first read, a sum every 5 steps on both ranks."""
     started: list[list[torch.Tensor]] = [[], []]
+    sum_async_of = two_rank_sums(started)
     now = [0.0]
-
-    def sum_async_of(rank):
-        def sum_async(tensor):
-            started[rank].append(tensor)
-            index = len(started[rank]) - 1
-            return lambda: started[0][index] + started[1][index]
-        return sum_async
 
     handlers = [StopSignals([signal.SIGUSR1]), StopSignals([signal.SIGUSR1])]
     ranks = [StopAgreement(sum_async_of(r), handlers[r], rank=r, every_s=0.05, clock=lambda: now[0])
