@@ -80,6 +80,23 @@ def test_free_port_is_free_and_a_taken_one_is_refused():
             netutil.check_port_free(port)
 
 
+def test_a_port_a_finished_job_left_in_time_wait_counts_as_free():
+    # The side that closes first keeps the port in TIME_WAIT for a minute; the next job on that
+    # port (a test suite reusing one port, a restarted job) must not be refused for it.
+    listener = netutil.open_listener("127.0.0.1")
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()
+    listener.close()
+    assert client.recv(1) == b""
+    client.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("", port))  # what a probe without SO_REUSEADDR saw
+    netutil.check_port_free(port)
+    netutil.open_listener("", port).close()
+
+
 def test_recv_into_exact_fills_a_view_of_an_existing_buffer(pair):
     a, b = pair
     target = bytearray(b"......")

@@ -118,8 +118,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_port_free(port: int, host: str = "") -> None:
-    """Error out early, with the port in the message, when the rendezvous port is taken."""
+    """Error out early, with the port in the message, when the rendezvous port is taken.
+
+    The probe binds the way ``open_listener`` will (SO_REUSEADDR), so the connections a finished job
+    left in TIME_WAIT on the port do not count as taken: only a live listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
