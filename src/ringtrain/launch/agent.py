@@ -14,11 +14,11 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringtrain.exceptions import UsageError
@@ -121,6 +121,22 @@ def kept_signal_handlers() -> Iterator[None]:
                 signal.signal(getattr(signal, name), handler)
 
 
+#: Prefix of an agent's temporary folder (the ranks' logs and error files when there is no --log-dir).
+RUN_FOLDER_PREFIX = "ringtrain-run-"
+
+
+def run_folder() -> Path:
+    """A new temporary folder for this agent's ranks, named for this host and pid.
+
+    An agent killed with SIGKILL (an OOM kill, a far host's agent whose launcher killed it) cannot
+    remove its folder; the next agent started on the host removes those whose agent is gone
+    (:mod:`ringtrain.launch.temp_folders`), as the launchers' own folders are.
+    """
+    from ringtrain.launch.temp_folders import make_temp_folder
+
+    return make_temp_folder(RUN_FOLDER_PREFIX)
+
+
 def _tail(path: str | None, lines: int = 20) -> str:
     if not path or not os.path.isfile(path):
         return ""
@@ -178,7 +194,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.stopping import StopGuard
 
     host = spec.host or socket.gethostname()
-    log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
+    log_dir = spec.log_dir or str(run_folder())
     relay = ConsoleRelay(sys.stdout, sys.stderr)
     logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
                          relay=relay)
