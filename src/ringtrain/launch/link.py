@@ -25,9 +25,11 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import IO
 
 from ringtrain.launch.stopping import kill_process_groups
@@ -42,8 +44,8 @@ STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
 
 
 __all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "STOP_REQUEST", "DriverEnd", "beat_interval",
-           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "live_children",
-           "read_secret", "send_secret", "watch_driver"]
+           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "host_log_path",
+           "live_children", "note_on_host", "read_secret", "send_secret", "watch_driver"]
 
 
 def beat_interval(peer_timeout: float) -> float:
@@ -183,6 +185,7 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
     """
     def watch() -> None:
         heard, last, stopping, partial = False, time.monotonic(), False, b""
+        reason = ""
         # os.read on the raw descriptor: a daemon thread blocked in sys.stdin would hold its lock at exit.
         with contextlib.suppress(OSError, ValueError):
             while True:
@@ -190,6 +193,8 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
                 if ready:
                     data = os.read(0, 4096)
                     if not data:
+                        reason = (f"the launcher closed the link (it ended, or its ssh session did); "
+                                  f"stopping {whose}.")
                         break
                     heard, last = True, time.monotonic()
                     *lines, partial = (partial + data).split(b"\n")
@@ -200,17 +205,38 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
                         stopping = True
                         os.kill(os.getpid(), signal.SIGTERM)
                 elif heard and not stopping and time.monotonic() - last > silence_s:
-                    print(f"ringtrain run: host {host}: no word from the launcher for {silence_s:g} s "
-                          "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to it "
-                          f"is cut; stopping {whose}.", file=sys.stderr, flush=True)
+                    reason = (f"no word from the launcher for {silence_s:g} s "
+                              "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to "
+                              f"it is cut; stopping {whose}.")
                     break
         if not stopping:
+            # Said here too: across a cut link (or with the launcher gone) the stderr line reaches nobody.
+            if reason:
+                print(f"ringtrain run: host {host}: {reason}", file=sys.stderr, flush=True)
+                note_on_host(host, reason)
             os.kill(os.getpid(), signal.SIGTERM)
         after_stop()
 
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
     return thread
+
+
+#: The file on each host where an agent (or elastic worker) notes why it stopped on its own.
+HOST_LOG_NAME = "ringtrain-agents-{uid}.log"
+
+
+def host_log_path() -> Path:
+    """This user's log of stops decided on this host, in the temporary directory (``$TMPDIR``)."""
+    return Path(tempfile.gettempdir()) / HOST_LOG_NAME.format(uid=os.getuid())
+
+
+def note_on_host(host: str, reason: str) -> None:
+    """Append one line (time, host, pid, reason) to :func:`host_log_path`: the far side's record of why it
+    stopped when its stderr could not reach the launcher. Never fails the stop."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with contextlib.suppress(OSError), open(host_log_path(), "a") as log:
+        log.write(f"{when} host {host} pid {os.getpid()}: {reason}\n")
 
 
 def exit_when_children_gone() -> None:
