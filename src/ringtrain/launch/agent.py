@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.environ import patched_environ
-from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
+from ringtrain.launch.forwarding import forwarding, signal_pids
+from ringtrain.launch.report import (
+    PREEMPTED_EXIT,
+    RankFailure,
+    asks_for_gpu,
+    earliest,
+    format_report,
+    no_gpu_hint,
+    preempted,
+    preempted_line,
+)
 from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
@@ -234,7 +244,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     history: list[tuple[Restart, list[RankFailure]]] = []
     agents: list[GroupAgent] = []
     # A driver that started this agent speaks to the user itself; a signal reaches us from it.
-    guard = StopGuard(lambda: agents[0].rank_pids() if agents else [], interactive=not spec.failure_marker)
+    guard = StopGuard(lambda: ranks_now(), interactive=not spec.failure_marker)
 
     def on_restart(restart: Restart) -> None:
         failures = [_failure_from(rank, pf, host, _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
@@ -242,8 +252,13 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         history.append((restart, failures))
         print(f"ringtrain run: {_restart_line(restart, failures, host)}", file=sys.stderr, flush=True)
 
+    def ranks_now() -> list[int]:
+        return agents[0].rank_pids() if agents else []
+
     try:
-        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
+        # A scheduler's warning (SIGUSR1) to this agent goes on to its ranks (launch/forwarding.py).
+        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
+                forwarding(lambda signum: signal_pids(ranks_now(), signum)):
             relay.start()
             try:
                 if meeting is not None:
@@ -271,6 +286,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                     for rank, pf in exc.failures.items()]
         root = earliest(failures)
         assert root is not None
+        if preempted(failures):
+            return _preempted(spec, root, failures)
         if history:
             root = _with_history(root, history)
         _emit(spec, root, failures)
@@ -303,6 +320,15 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
         guard.finish()
+
+
+def _preempted(spec: NodeSpec, root: RankFailure, failures: list[RankFailure]) -> int:
+    if spec.failure_marker:  # the driver says it, once for every host
+        print(root.to_marker(), file=sys.stderr, flush=True)
+    else:
+        line = preempted_line(f"{len(failures)} rank(s)")
+        print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
+    return PREEMPTED_EXIT
 
 
 def _restart_line(restart: Any, failures: list[RankFailure], host: str) -> str:

@@ -7,8 +7,9 @@ carries and the driver already holds:
   live with the rest of the job store's secret in :mod:`ringtrain.launch.store_host`), never on a
   command line.
 * **Requests**, each on a line of its own on the child's stdin: :data:`STOP_REQUEST` (stop the ranks as
-  on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver). An empty line is a
-  heartbeat; end-of-file means "stop" too (the driver is gone).
+  on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver), ``signal NAME``
+  (:data:`SIGNAL_REQUEST`: send the signal to every rank, e.g. a scheduler's SIGUSR1 warning). An
+  empty line is a heartbeat; end-of-file means "stop" too (the driver is gone).
 * **Heartbeats both ways**: the driver writes an empty line every :data:`BEAT_INTERVAL` seconds at most,
   the child writes :data:`ALIVE_LINE` on its stderr as often. Each side gives the other up after
   :func:`contact_timeout` seconds of silence (once it has heard from it at all: a child that never
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
+from ringtrain.launch.forwarding import signal_pids
 from ringtrain.launch.stopping import kill_process_groups
 from ringtrain.launch.store_host import read_secret, send_secret
 
@@ -41,11 +43,14 @@ BEAT_INTERVAL = 1.0
 ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 #: Requests a driver writes on a child's stdin, each on a line of its own (see the module doc).
 STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
+#: ``signal NAME`` (``signal SIGUSR1``): pass that signal on to the ranks (launch/forwarding.py).
+SIGNAL_REQUEST = b"signal"
 
 
-__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "STOP_REQUEST", "DriverEnd", "beat_interval",
-           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "host_log_path",
-           "live_children", "note_on_host", "read_secret", "send_secret", "watch_driver"]
+__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "SIGNAL_REQUEST", "STOP_REQUEST", "DriverEnd",
+           "beat_interval", "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone",
+           "forward_request", "host_log_path", "live_children", "note_on_host", "read_secret", "send_secret",
+           "watch_driver"]
 
 
 def beat_interval(peer_timeout: float) -> float:
@@ -131,6 +136,13 @@ class DriverEnd:
         if not (self.talks and self.request(STOP_REQUEST)):
             self.close()
 
+    def forward(self, signum: int) -> bool:
+        """Ask the child to send ``signum`` to its ranks; False where it does not speak the link (or the
+        request cannot be written)."""
+        if not self.talks:
+            return False
+        return self.request(SIGNAL_REQUEST + b" " + signal.Signals(signum).name.encode())
+
     def kill(self) -> bool:
         """A kill request, then end-of-file; False where the child does not speak the link."""
         self.stopping = True
@@ -170,7 +182,8 @@ def beat_to_driver(interval: float) -> threading.Thread:
 
 def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[int]],
                  after_stop: Callable[[], None], whose: str = "the ranks of this host") -> threading.Thread:
-    """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks.
+    """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks; send them a signal
+    when it asks (:data:`SIGNAL_REQUEST`).
 
     :data:`STOP_REQUEST` or end-of-file on stdin means SIGTERM to ourselves (torch's agent then stops
     its ranks; an elastic worker's own handlers run); :data:`KILL_REQUEST` means SIGKILL to every
@@ -201,6 +214,9 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
                     if KILL_REQUEST in lines:
                         kill_process_groups(ranks())
                         break
+                    for line in lines:
+                        if line.startswith(SIGNAL_REQUEST + b" "):
+                            forward_request(line, ranks)
                     if STOP_REQUEST in lines and not stopping:
                         stopping = True
                         os.kill(os.getpid(), signal.SIGTERM)
@@ -220,6 +236,15 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
     return thread
+
+
+def forward_request(line: bytes, ranks: Callable[[], Iterable[int]]) -> None:
+    """``signal NAME``: send that signal to ``ranks()``; a name that is no signal is ignored (a newer
+    driver's request this child does not know)."""
+    name = line[len(SIGNAL_REQUEST):].strip().decode(errors="replace")
+    signum = getattr(signal.Signals, name, None)
+    if signum is not None:
+        signal_pids(ranks(), signum)
 
 
 #: The file on each host where an agent (or elastic worker) notes why it stopped on its own.
