@@ -128,6 +128,25 @@ def test_a_kill_request_kills_the_child_and_its_children_at_once():
 
 
 @pytest.mark.slow
+def test_a_signal_request_goes_to_the_child_and_its_children():
+    proc, grandchild = start_child(silence_s=600, grace_s=600)
+    try:
+        assert link.ALIVE_LINE in proc.stderr.readline().decode()  # it beats
+        end = link.DriverEnd(proc.stdin)
+        assert end.forward(signal.SIGUSR1)
+        assert proc.wait(timeout=30) == -signal.SIGUSR1  # neither handles it: its default ends them
+        assert wait_until(lambda: not alive(grandchild))
+    finally:
+        finish(proc, grandchild)
+
+
+def test_a_signal_request_naming_no_signal_is_ignored():
+    sent = []
+    link.forward_request(b"signal SIGNOPE", lambda: sent.append("asked") or [])
+    assert sent == []
+
+
+@pytest.mark.slow
 def test_a_silent_driver_stops_the_child_which_exits_after_its_grace(tmp_path):
     proc, grandchild = start_child(silence_s=1, grace_s=1, tmp=tmp_path)
     try:
