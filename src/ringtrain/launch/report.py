@@ -196,6 +196,5 @@ def preempted(failures: list[RankFailure]) -> bool:
 
 def preempted_line(who: str) -> str:
     """What a launcher says when its ranks (``who``: "2 rank(s)") stopped with :data:`PREEMPTED_EXIT`."""
-    return (f"{who} stopped on request with exit status {PREEMPTED_EXIT} (preempted: a snapshot "
-            f"was written where they save one); ringtrain run exits {PREEMPTED_EXIT}. Run the same command "
-            "again to resume.")
+    return (f"{who} stopped on request with exit status {PREEMPTED_EXIT} (preempted: a snapshot was "
+            "written where they save one); the job can be resumed by running it again.")
