@@ -180,6 +180,7 @@ def test_link_cut_for_good_ends_the_job_naming_the_unreachable_host(hosts, tmp_p
     job = Job(hosts, tmp_path)
     try:
         job.wait_training()
+        far_agent = agent_pid(hosts, "hostB")
         hosts.set_link(False)
         code, seconds = job.wait(timeout=2 * LAUNCHER_BOUND)
     finally:
@@ -190,6 +191,10 @@ def test_link_cut_for_good_ends_the_job_naming_the_unreachable_host(hosts, tmp_p
     assert any(words in output for words in said), output
     # hostB's side ends by itself too, across the cut: its ranks lose rank 0, its agent the launcher
     assert_no_process_left(hosts)
+    # what hostB's agent said could not cross the cut: its host keeps it (launch/link.py, note_on_host)
+    log = Path(tempfile.gettempdir()) / f"ringtrain-agents-{os.getuid()}.log"
+    noted = log.read_text() if log.exists() else ""
+    assert f"host hostB pid {far_agent}: no word from the launcher" in noted, noted[-2000:]
 
 
 def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
