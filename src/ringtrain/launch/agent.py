@@ -255,10 +255,17 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     def ranks_now() -> list[int]:
         return agents[0].rank_pids() if agents else []
 
+    def forward(signum: int) -> None:
+        # An srun task's signals reach every process of its step from Slurm itself (the ranks too); a
+        # second copy from here could arrive while a rank exits, when Python has put the default action
+        # back, and kill it with that signal instead of its own status.
+        if not os.environ.get("SLURM_STEP_ID"):
+            signal_pids(ranks_now(), signum)
+
     try:
         # A scheduler's warning (SIGUSR1) to this agent goes on to its ranks (launch/forwarding.py).
         with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
-                forwarding(lambda signum: signal_pids(ranks_now(), signum)):
+                forwarding(forward):
             relay.start()
             try:
                 if meeting is not None:
