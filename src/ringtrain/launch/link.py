@@ -228,14 +228,22 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
         if not stopping:
             # Said here too: across a cut link (or with the launcher gone) the stderr line reaches nobody.
             if reason:
-                print(f"ringtrain run: host {host}: {reason}", file=sys.stderr, flush=True)
                 note_on_host(host, reason)
+                # On a thread of its own: the stop must not wait on this line (a launcher gone leaves a
+                # broken pipe; a cut link, an ssh whose pipe may fill and block the write).
+                threading.Thread(target=_say, args=(f"ringtrain run: host {host}: {reason}",),
+                                 name="ringtrain-stop-reason", daemon=True).start()
             os.kill(os.getpid(), signal.SIGTERM)
         after_stop()
 
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def forward_request(line: bytes, ranks: Callable[[], Iterable[int]]) -> None:
