@@ -113,11 +113,12 @@ def register(subparsers: Any) -> None:
 
 
 def node_launch(args: argparse.Namespace) -> dict[str, Any]:
-    """torchrun's node settings that were set (flags, ``RINGTRAIN_*`` or ``PET_*``), for the launcher.
+    """torchrun's node settings that were set (flags, ``RINGTRAIN_*`` or ``PET_*``), for the launcher;
+    those that came from variables are told on stderr.
 
     A rank that a launcher started (``ringtrain run ... ringtrain train``: it has ``TORCHELASTIC_RUN_ID``)
-    is placed already: it inherits the pod's ``PET_*`` but must not launch again, so it ignores them and
-    refuses node flags on its command line.
+    is placed already: it inherits the pod's ``PET_*`` but must not launch again, so it ignores them (and
+    ``PET_MAX_RESTARTS``) and refuses node flags on its command line.
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:
         given = [f"--{dest.replace('_', '-')}" for dest in NODE_DESTS
@@ -126,9 +127,25 @@ def node_launch(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"{', '.join(given)}: this ringtrain train is a rank that a launcher started "
                              "(TORCHELASTIC_RUN_ID is set), placed on its node already. HINT: give the node "
                              "flags to the launcher (ringtrain run / torchrun), not to ringtrain train.")
+        if value_source(args, "max_restarts") != "command line":
+            args.max_restarts = 0  # the launcher restarts the ranks; a rank restarts nothing
         return {}
-    settings = {name: value for name, value in node_settings(args).items() if value not in (None, False, {})}
-    if settings and args.np is not None:
+    # node rank 0 is a setting: compare by identity, not by truth
+    settings = {name: value for name, value in node_settings(args).items()
+                if value is not None and value is not False and value != {}}
+    if not settings:
+        return settings
+    if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
+        named = ", ".join(f"{value_label(args, dest)}{getattr(args, dest)}" for dest in NODE_DESTS
+                          if dest in settings)
+        raise UsageError(f"{named} (torchrun's node settings) cannot be combined with --min-np/--max-np/"
+                         "--host-discovery-script: the elastic driver places the workers itself. HINT: drop "
+                         "the elastic flags, or unset the node settings.")
+    # what the variables set (a pod's PET_*) is told: the command line shows the rest
+    for line in describe_sources(args):
+        if "(from default)" not in line and "(from command line)" not in line:
+            print(f"ringtrain train: {line}", file=sys.stderr, flush=True)
+    if args.np is not None:
         settings["num_proc"] = args.np
     return settings
 
@@ -142,19 +159,10 @@ def run_train(args: argparse.Namespace) -> int:
     from ringtrain.workloads import get_workload
 
     defaults = get_workload(args.workload).defaults
+    nodes = node_launch(args)
     if args.max_restarts < 0:
         raise UsageError(f"{value_label(args, 'max_restarts')}{args.max_restarts} must be at least 0. "
                          "HINT: use e.g. --max-restarts 3, or 0 for no restart.")
-    nodes = node_launch(args)
-    if nodes and (args.min_np is not None or args.max_np is not None or args.host_discovery_script):
-        named = ", ".join(value_label(args, dest).strip() for dest in NODE_DESTS if dest in nodes)
-        raise UsageError(f"{named} (torchrun's node settings) cannot be combined with --min-np/--max-np/"
-                         "--host-discovery-script: the elastic driver places the workers itself. HINT: drop "
-                         "the elastic flags, or unset the node settings.")
-    if nodes:  # say what the variables set (a pod's PET_*): the command line shows the rest
-        for line in describe_sources(args):
-            if "(from default)" not in line and "(from command line)" not in line:
-                print(f"ringtrain train: {line}", file=sys.stderr, flush=True)
     # Elastic: asked for here, or this is a worker of `ringtrain run --min-np ... ringtrain train ...`.
     elastic = (args.min_np is not None or args.max_np is not None or args.host_discovery_script is not None
                or elastic_rendezvous.enabled())
