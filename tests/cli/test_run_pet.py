@@ -154,6 +154,17 @@ def test_hostfile_without_a_usable_line_names_the_file(tmp_path: Path,
     assert f"OMPI_MCA_orte_default_hostfile={hostfile}: the hostfile has no usable line" in err
 
 
+def test_hostfile_line_without_a_host_names_the_file_and_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0.job slots=2\n  slots=2\n")  # the second worker's name left out
+    variables = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_default_hostfile": str(hostfile),
+                 "PATH": os.environ.get("PATH", "")}
+    with mock.patch.dict(os.environ, variables, clear=True):
+        assert main(["run", "python", "-c", "pass"]) == 2
+    assert f"{hostfile}:2: 'slots=2' names no host" in capsys.readouterr().err
+
+
 def test_verbose_says_where_each_value_came_from(capsys: pytest.CaptureFixture[str]) -> None:
     # --check-build stops before anything starts, after the values are told
     with mock.patch.dict(os.environ, {**TRAINER_V2, "PATH": os.environ.get("PATH", "")}, clear=True):
