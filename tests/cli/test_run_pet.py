@@ -99,6 +99,14 @@ def test_sources_are_told() -> None:
     assert "--node-rank 1 (from PET_NODE_RANK)" in lines
 
 
+def test_node_rank_0_is_told_too() -> None:
+    variables = {**TRAINER_V2, "PET_NODE_RANK": "0", "PET_MAX_RESTARTS": "0"}
+    with mock.patch.dict(os.environ, variables, clear=True):
+        lines = describe_sources(parsed([]))
+    assert "--node-rank 0 (from PET_NODE_RANK)" in lines
+    assert "--max-restarts 0 (from PET_MAX_RESTARTS)" in lines
+
+
 def test_empty_pet_switch_is_on_as_the_training_operator_means_it() -> None:
     with mock.patch.dict(os.environ, {"PET_STANDALONE": ""}, clear=True):
         assert parsed([]).standalone is True

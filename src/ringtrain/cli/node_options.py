@@ -93,8 +93,10 @@ _SOURCE_SHOWN = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_
 
 def describe_sources(args: argparse.Namespace) -> list[str]:
     """``name=value (from SOURCE)`` for each torchrun flag that is set (for --verbose)."""
-    return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (from {value_source(args, dest)})"
-            for dest in _SOURCE_SHOWN if getattr(args, dest, None) not in (None, False)]
+    values = {dest: getattr(args, dest, None) for dest in _SOURCE_SHOWN}
+    # by identity: node rank 0 and --max-restarts 0 are values to tell (0 == False)
+    return [f"--{dest.replace('_', '-')} {value} (from {value_source(args, dest)})"
+            for dest, value in values.items() if value is not None and value is not False]
 
 
 def parse_nnodes(value: str, label: str = "--nnodes ") -> tuple[int, int]:
