@@ -84,6 +84,7 @@ def run_pods(hosts: NamespaceHosts, pods: list[tuple[str, str, dict[str, str]]],
     output = "".join(f"--- {log.name}\n{log.read_text()}" for log, _ in procs)
     assert codes == [0] * len(procs), output
     lines = _MNIST_RANK.findall(output)
+    assert lines, output
     # one model trained across the pods: the same accuracy (averaged over ranks) and parameters everywhere
     assert len({(accuracy, digest) for *_, accuracy, digest in lines}) == 1, output
     assert 0.0 < float(lines[0][4]) <= 1.0, output
