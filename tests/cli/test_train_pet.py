@@ -82,6 +82,13 @@ def test_a_rank_ignores_the_pods_variables(capsys: pytest.CaptureFixture[str]) -
     assert "--nnodes: this ringtrain train is a rank that a launcher started" in capsys.readouterr().err
 
 
+def test_a_rank_of_the_elastic_driver_ignores_them_too() -> None:
+    from ringtrain.engine.elastic_rendezvous import ENV_WORKER
+
+    # (the elastic driver's rank trains in process; its rendezvous is the driver's, not tested here)
+    assert train({**TRAINER_V2, ENV_WORKER: "1"}, "--strategy", "horovod") == (0, [(None, "in process")])
+
+
 def test_sources_of_the_pods_values_are_told(capsys: pytest.CaptureFixture[str]) -> None:
     assert train(TRAINER_V2, "--nproc-per-node", "1")[0] == 0
     err = capsys.readouterr().err

@@ -116,17 +116,22 @@ def node_launch(args: argparse.Namespace) -> dict[str, Any]:
     """torchrun's node settings that were set (flags, ``RINGTRAIN_*`` or ``PET_*``), for the launcher;
     those that came from variables are told on stderr.
 
-    A rank that a launcher started (``ringtrain run ... ringtrain train``: it has ``TORCHELASTIC_RUN_ID``)
-    is placed already: it inherits the pod's ``PET_*`` but must not launch again, so it ignores them (and
-    ``PET_MAX_RESTARTS``) and refuses node flags on its command line.
+    A rank that a launcher started (``ringtrain run ... ringtrain train``: it has ``TORCHELASTIC_RUN_ID``,
+    or ``RINGTRAIN_ELASTIC_WORKER`` under the elastic driver) is placed already: it inherits the pod's
+    ``PET_*`` but must not launch again, so it ignores them (and ``PET_MAX_RESTARTS``) and refuses node
+    flags on its command line.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    from ringtrain.engine import elastic_rendezvous
+
+    marker = "TORCHELASTIC_RUN_ID" if "TORCHELASTIC_RUN_ID" in os.environ \
+        else elastic_rendezvous.ENV_WORKER if elastic_rendezvous.enabled() else None
+    if marker:
         given = [f"--{dest.replace('_', '-')}" for dest in NODE_DESTS
                  if value_source(args, dest) == "command line"]
         if given:
             raise UsageError(f"{', '.join(given)}: this ringtrain train is a rank that a launcher started "
-                             "(TORCHELASTIC_RUN_ID is set), placed on its node already. HINT: give the node "
-                             "flags to the launcher (ringtrain run / torchrun), not to ringtrain train.")
+                             f"({marker} is set), placed on its node already. HINT: give the node flags to "
+                             "the launcher (ringtrain run / torchrun), not to ringtrain train.")
         if value_source(args, "max_restarts") != "command line":
             args.max_restarts = 0  # the launcher restarts the ranks; a rank restarts nothing
         return {}
