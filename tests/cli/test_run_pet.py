@@ -99,6 +99,14 @@ def test_sources_are_told() -> None:
     assert "--node-rank 1 (from PET_NODE_RANK)" in lines
 
 
+def test_node_rank_0_is_told_too() -> None:
+    variables = {**TRAINER_V2, "PET_NODE_RANK": "0", "PET_MAX_RESTARTS": "0"}
+    with mock.patch.dict(os.environ, variables, clear=True):
+        lines = describe_sources(parsed([]))
+    assert "--node-rank 0 (from PET_NODE_RANK)" in lines
+    assert "--max-restarts 0 (from PET_MAX_RESTARTS)" in lines
+
+
 def test_empty_pet_switch_is_on_as_the_training_operator_means_it() -> None:
     with mock.patch.dict(os.environ, {"PET_STANDALONE": ""}, clear=True):
         assert parsed([]).standalone is True
@@ -152,6 +160,17 @@ def test_hostfile_without_a_usable_line_names_the_file(tmp_path: Path,
         assert main(["run", "python", "-c", "pass"]) == 2
     err = capsys.readouterr().err
     assert f"OMPI_MCA_orte_default_hostfile={hostfile}: the hostfile has no usable line" in err
+
+
+def test_hostfile_line_without_a_host_names_the_file_and_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0.job slots=2\n  slots=2\n")  # the second worker's name left out
+    variables = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_default_hostfile": str(hostfile),
+                 "PATH": os.environ.get("PATH", "")}
+    with mock.patch.dict(os.environ, variables, clear=True):
+        assert main(["run", "python", "-c", "pass"]) == 2
+    assert f"{hostfile}:2: 'slots=2' names no host" in capsys.readouterr().err
 
 
 def test_verbose_says_where_each_value_came_from(capsys: pytest.CaptureFixture[str]) -> None:

@@ -306,6 +306,9 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--no-progress", "--max-restarts", "--min-np", "--max-np", "--host-discovery-script",
         "--oversubscribe",
         "--signals-to-handle",
+        # torchrun's node flags, shared with ringtrain run (they read PET_* too)
+        "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+        "--standalone", "--master-addr", "--master-port", "--local-addr", "--rdzv-conf",
     }
     for flag in dashed:
         if flag.startswith("--") and "-" in flag[2:]:

@@ -47,6 +47,14 @@ def test_bad_slot_count_is_named(tmp_path: Path) -> None:
         nodefile_lines(path)
 
 
+@pytest.mark.parametrize("line", ["  slots=3", ":4", "max_slots=8 a"])
+def test_line_without_a_host_is_named(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text(f"a slots=2\n{line}\n")
+    with pytest.raises(EnvironmentError_, match=f"hostfile:2: '{line.strip()}' names no host.*HINT"):
+        nodefile_lines(path)
+
+
 def _pbs(nodefile: Path, **extra: str) -> dict[str, str]:
     return {"PBS_JOBID": "1234.pbs01", "PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": "/home/u/run",
             "PBS_ENVIRONMENT": "PBS_BATCH", **extra}

@@ -62,6 +62,18 @@ def test_node_config_is_one_node_of_a_static_rendezvous():
         USER.command, USER.tuning, True, 1)
 
 
+def test_one_node_uses_the_master_address_given_but_standalone_ignores_it():
+    port = free_port()
+    assert driver.local_endpoint(LaunchConfig(command=("true",), master_port=port)) == f"127.0.0.1:{port}"
+    # a Trainer v2 pod's PET_MASTER_ADDR/PORT name node 0's pod: `--standalone` is this pod alone
+    pod = LaunchConfig(command=("true",), standalone=True, master_addr="mnist-node-0-0.mnist",
+                       master_port=port)
+    host, _, chosen = driver.local_endpoint(pod).rpartition(":")
+    assert host == "127.0.0.1"
+    assert chosen.isdigit()
+    assert int(chosen) != port
+
+
 def test_node_argv_carries_the_config_as_one_argument():
     node = driver.node_config(USER, 0, 2, 2, "a:4000", "run-1", [2, 1], ["a", "b"])
     argv = driver.node_argv(node, python="/venv/bin/python")

@@ -16,6 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ringtrain.cli.node_options import (
+    add_node_arguments,
+    describe_sources,
+    node_settings,
+)
 from ringtrain.cli.options import (
     EnvAppend,
     EnvFlag,
@@ -24,7 +29,6 @@ from ringtrain.cli.options import (
     non_negative,
     record_sources,
     spellings,
-    value_source,
 )
 from ringtrain.exceptions import SettingError, UsageError
 
@@ -202,26 +206,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
         # torchrun reads each of these from PET_<DEST>; Kubeflow's operators configure pods that way
         tr.add_argument(*names, torchrun=True, **kwargs)
 
-    torchrun_option(*spellings("--nnodes"), dest="nnodes", action=EnvOption, environ=environ,
-                   metavar="N|MIN:MAX", help="number of nodes")
-    torchrun_option(*spellings("--nproc-per-node"), dest="nproc_per_node", action=EnvOption, environ=environ,
-                   metavar="N|cpu|gpu|auto", help="processes on this node")
-    torchrun_option(*spellings("--node-rank"), dest="node_rank", action=EnvOption, environ=environ,
-                   type=nonneg_int, help="index of this node")
-    torchrun_option(*spellings("--rdzv-backend"), dest="rdzv_backend", action=EnvOption, environ=environ,
-                   help="rendezvous backend: static (default) or c10d")
-    torchrun_option(*spellings("--rdzv-endpoint"), dest="rdzv_endpoint", action=EnvOption, environ=environ,
-                   metavar="HOST:PORT", help="rendezvous address")
-    torchrun_option(*spellings("--rdzv-id"), dest="rdzv_id", action=EnvOption, environ=environ,
-                   help="job id shared by all nodes")
-    torchrun_option(*spellings("--standalone"), dest="standalone", action=EnvFlag, environ=environ,
-                   help="single node, rendezvous on a free local port")
+    add_node_arguments(tr, environ)
     torchrun_option(*spellings("--max-restarts"), dest="max_restarts", action=EnvOption, environ=environ,
                    type=nonneg_int, default="0", help="restarts of the worker group before failing")
-    torchrun_option(*spellings("--master-addr"), dest="master_addr", action=EnvOption, environ=environ,
-                   help="address of node 0 (static rendezvous)")
-    torchrun_option(*spellings("--master-port"), dest="master_port", action=EnvOption, environ=environ,
-                   type=nonneg_int, help="port of the rendezvous store on node 0")
     tr.add_argument(*spellings("--no-horovod-shim"), dest="no_horovod_shim", action=EnvFlag, environ=environ,
                     help="do not put ringtrain's 'horovod' package on the workers' PYTHONPATH")
     torchrun_option(*spellings("-m", "--module"), dest="module", action=EnvFlag, environ=environ,
@@ -240,11 +227,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     torchrun_option(*spellings("--tee"), dest="tee", action=EnvOption, environ=environ,
                    metavar="N|LOCAL_RANK:N,...",
                    help="streams shown on the console and written to the log files (wins over --redirects)")
-    torchrun_option(*spellings("--local-addr"), dest="local_addr", action=EnvOption, environ=environ,
-                   metavar="ADDRESS", help="this node's address for the rendezvous (c10d: node 0's becomes "
-                                           "the workers' MASTER_ADDR)")
-    torchrun_option(*spellings("--rdzv-conf"), dest="rdzv_conf", action=EnvOption, environ=environ,
-                   metavar="KEY=VALUE,...", help="extra rendezvous settings, e.g. timeout=120")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
     record_sources(parser)
@@ -300,61 +282,7 @@ def check_elastic_args(args: argparse.Namespace) -> int | None:
     return num_proc
 
 
-def flag_or_variable(args: argparse.Namespace, dest: str) -> str:
-    """How an error names a value: ``--flag`` given on the command line, or ``VARIABLE=`` it came from."""
-    source = value_source(args, dest)
-    return "--" + dest.replace("_", "-") if source in ("command line", "default") else f"{source}="
-
-
-#: The torchrun flags whose values --verbose lists with their sources.
-_SOURCE_SHOWN = ("nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
-                 "master_addr", "master_port", "max_restarts", "standalone")
-
-
-def describe_sources(args: argparse.Namespace) -> list[str]:
-    """``name=value (from SOURCE)`` for each torchrun flag that is set (for --verbose)."""
-    return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (from {value_source(args, dest)})"
-            for dest in _SOURCE_SHOWN if getattr(args, dest, None) not in (None, False)]
-
-
-def parse_nnodes(value: str, label: str = "--nnodes ") -> tuple[int, int]:
-    """``N`` or ``MIN:MAX``, both at least 1; ``label`` names the flag or variable in the error."""
-    parts = value.split(":")
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) not in (1, 2) or min(numbers) < 1 or numbers[0] > numbers[-1]:
-        raise UsageError(f"{label}{value!r} is not N or MIN:MAX with 1 <= MIN <= MAX. "
-                         f"HINT: write e.g. {label}2 or {label}1:4.")
-    return numbers[0], numbers[-1]
-
-
-def parse_nproc_per_node(value: str) -> int:
-    """A count, or ``cpu`` / ``gpu`` / ``auto`` as torchrun understands them."""
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    if value == "cpu":
-        return os.cpu_count() or 1
-    if value in ("gpu", "auto"):
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count:
-            return count
-        if value == "auto":
-            return os.cpu_count() or 1
-        raise UsageError("--nproc-per-node gpu was given but no CUDA device is visible. "
-                         "HINT: use a number or 'cpu', or run on a machine with GPUs.")
-    raise UsageError(f"--nproc-per-node {value!r} is not a positive number, 'cpu', 'gpu' or 'auto'. "
-                     "HINT: write e.g. --nproc-per-node 4.")
-
-
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Rendezvous settings that torch reads as whole numbers (seconds, or a count for keep_alive_max_attempt).
-_RDZV_WHOLE_SECONDS = frozenset({"timeout", "read_timeout", "join_timeout", "last_call_timeout",
-                                 "close_timeout", "heartbeat", "keep_alive_interval",
-                                 "keep_alive_max_attempt"})
 _STREAMS = re.compile(r"^[0-3]$|^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
 
 
@@ -377,30 +305,6 @@ def parse_streams(flag: str, value: str | None) -> str | None:
         return value.strip() if value else value
     raise UsageError(f"{flag} {value!r} is not N or LOCAL_RANK:N,... with N in 0..3 (1 stdout, 2 stderr, "
                      f"3 both). HINT: write e.g. {flag} 3, or {flag} 0:3,1:2.")
-
-
-def parse_rdzv_conf(value: str | None) -> dict[str, str]:
-    """``key=value,key=value`` (torchrun's --rdzv-conf); node ranks come from --node-rank, not from here."""
-    conf: dict[str, str] = {}
-    for item in (value or "").split(","):
-        if not item.strip():
-            continue
-        key, sep, val = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--rdzv-conf {value!r}: {item!r} is not KEY=VALUE. "
-                             "HINT: write e.g. --rdzv-conf timeout=120,read_timeout=60.")
-        if key == "rank":
-            raise UsageError(f"--rdzv-conf {value!r} sets the node rank. HINT: give it as --node-rank "
-                             f"{val.strip() or 'N'} instead.")
-        if key in _RDZV_WHOLE_SECONDS and not val.strip().isdigit():
-            raise UsageError(f"--rdzv-conf {value!r}: {key}={val.strip()!r} is not a whole number of "
-                             f"{'attempts' if key.endswith('attempt') else 'seconds'}. HINT: e.g. {key}=60.")
-        if key == "is_host" and val.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
-            raise UsageError(f"--rdzv-conf {value!r}: is_host={val.strip()!r} is not true or false. "
-                             "HINT: e.g. is_host=true on the node that hosts the rendezvous store.")
-        conf[key] = val.strip()
-    return conf
 
 
 def command_from_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[str]]:
@@ -481,18 +385,11 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _label(args: argparse.Namespace, dest: str) -> str:
-    name = flag_or_variable(args, dest)
-    return name if name.endswith("=") else name + " "
-
-
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Check and convert the parsed ``ringtrain run`` arguments (pure: reads only a --hostfile)."""
     from ringtrain.launch.config import LaunchConfig
     from ringtrain.launch.hosts import parse_hostfile, parse_hosts
 
-    for error in getattr(args, "env_errors", ()):  # a PET_* switch that is not a boolean
-        raise UsageError(error)
     command, notes = command_from_args(args)
     if not command and not args.check_build:
         raise UsageError("no command to run. HINT: write the program after the options, "
@@ -504,11 +401,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise UsageError("-H and --hostfile were both given. HINT: list the hosts in one place only.")
     hosts = parse_hosts(args.hosts) if args.hosts \
         else parse_hostfile(args.hostfile) if args.hostfile else None
-    if args.master_port is not None and args.master_port > 65535:
-        raise UsageError(f"--master-port {args.master_port} is not a TCP port. HINT: use 1024..65535.")
-    if args.rdzv_backend and args.rdzv_backend not in ("static", "c10d"):
-        raise UsageError(f"--rdzv-backend {args.rdzv_backend!r} is not supported. "
-                         "HINT: use c10d (elastic) or static.")
+    nodes = node_settings(args)  # also a PET_* switch that is not a boolean
     if args.mpi:
         notes.append(MPI_NOTE)
     for name in ("mpi_args", "binding_args"):
@@ -533,10 +426,6 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             if getattr(args, name) is not None:
                 notes.append(f"--{name.replace('_', '-').replace('cooldown', 'blacklist-cooldown')} has no "
                              "effect without --min-np, --max-np or --host-discovery-script (elastic mode).")
-    nnodes = parse_nnodes(args.nnodes, _label(args, "nnodes")) if args.nnodes else None
-    if nnodes and args.node_rank is not None and args.node_rank >= nnodes[1]:
-        raise UsageError(f"{_label(args, 'node_rank')}{args.node_rank} is not below {_label(args, 'nnodes')}"
-                         f"{nnodes[1]}. HINT: node ranks run from 0 to {nnodes[1] - 1}; unset stale values.")
     return LaunchConfig(
         notes=tuple(notes),
         command=command,
@@ -550,16 +439,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         verbose=bool(args.verbose),
         check_build=bool(args.check_build),
         log_level=args.log_level,
-        nnodes=nnodes,
-        nproc_per_node=parse_nproc_per_node(args.nproc_per_node) if args.nproc_per_node else None,
-        node_rank=args.node_rank,
-        rdzv_backend=args.rdzv_backend,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        standalone=bool(args.standalone),
         max_restarts=args.max_restarts,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
+        **nodes,
         horovod_shim=not args.no_horovod_shim,
         tuning=tuning_env(args),
         exports=parse_exports(args.export),
@@ -567,8 +448,6 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         log_dir=args.log_dir,
         redirects=parse_streams("--redirects", args.redirects),
         tee=parse_streams("--tee", args.tee),
-        local_addr=args.local_addr,
-        rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
         min_np=args.min_np,
         max_np=args.max_np,
         slots_per_host=args.slots_per_host,

@@ -6,9 +6,18 @@ Parses flags into a ``TrainJob`` and hands it to ``ringtrain.train.job.launch_jo
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
-from ringtrain.cli.options import EnvFlag, spellings
+from ringtrain.cli.node_options import (
+    NODE_DESTS,
+    add_node_arguments,
+    describe_sources,
+    node_settings,
+    value_label,
+)
+from ringtrain.cli.options import EnvFlag, EnvOption, record_sources, spellings, value_source
 from ringtrain.cli.options import number as _float
 from ringtrain.cli.options import whole_number as _int
 from ringtrain.exceptions import UsageError
@@ -23,11 +32,12 @@ def register(subparsers: Any) -> None:
         description="Train a built-in workload data-parallel. With -np N > 1 the ranks are started "
                     "through `ringtrain run`. Defaults come from the workload.")
     p.add_argument("workload", choices=WORKLOAD_CHOICES, help="what to train")
-    p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int, default=1,
-                   help="ranks on this machine (1)")
+    p.add_argument(*spellings("-np", "--num-proc"), dest="np", type=_int,
+                   help="ranks on this machine (1); with several nodes, ranks in all")
     p.add_argument("--oversubscribe", action=EnvFlag,
                    help="run more threads (ranks x --threads) than this machine has cores without a warning")
-    p.add_argument(*spellings("--max-restarts"), type=_int, default=0,
+    p.add_argument(*spellings("--max-restarts"), dest="max_restarts", action=EnvOption, torchrun=True,
+                   type=_int, default="0",
                    help="restart every rank up to N times when one fails; training resumes from the last "
                         "snapshot (0)")
     run = p.add_argument_group("training")
@@ -95,7 +105,54 @@ def register(subparsers: Any) -> None:
                           "e.g. the accuracy of a regression, is null)")
     out.add_argument(*spellings("--no-progress"), dest="progress", action="store_false",
                      help="no progress bar")
+    nodes = p.add_argument_group("nodes (torchrun's flags; defaults also from its PET_<FLAG> variables, "
+                                 "as in ringtrain run)")
+    add_node_arguments(nodes, os.environ)
+    record_sources(p)
     p.set_defaults(func=run_train)
+
+
+def node_launch(args: argparse.Namespace) -> dict[str, Any]:
+    """torchrun's node settings that were set (flags, ``RINGTRAIN_*`` or ``PET_*``), for the launcher;
+    those that came from variables are told on stderr.
+
+    A rank that a launcher started (``ringtrain run ... ringtrain train``: it has ``TORCHELASTIC_RUN_ID``,
+    or ``RINGTRAIN_ELASTIC_WORKER`` under the elastic driver) is placed already: it inherits the pod's
+    ``PET_*`` but must not launch again, so it ignores them (and ``PET_MAX_RESTARTS``) and refuses node
+    flags on its command line.
+    """
+    from ringtrain.engine import elastic_rendezvous
+
+    marker = "TORCHELASTIC_RUN_ID" if "TORCHELASTIC_RUN_ID" in os.environ \
+        else elastic_rendezvous.ENV_WORKER if elastic_rendezvous.enabled() else None
+    if marker:
+        given = [f"--{dest.replace('_', '-')}" for dest in NODE_DESTS
+                 if value_source(args, dest) == "command line"]
+        if given:
+            raise UsageError(f"{', '.join(given)}: this ringtrain train is a rank that a launcher started "
+                             f"({marker} is set), placed on its node already. HINT: give the node flags to "
+                             "the launcher (ringtrain run / torchrun), not to ringtrain train.")
+        if value_source(args, "max_restarts") != "command line":
+            args.max_restarts = 0  # the launcher restarts the ranks; a rank restarts nothing
+        return {}
+    # node rank 0 is a setting: compare by identity, not by truth
+    settings = {name: value for name, value in node_settings(args).items()
+                if value is not None and value is not False and value != {}}
+    if not settings:
+        return settings
+    if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
+        named = ", ".join(f"{value_label(args, dest)}{getattr(args, dest)}" for dest in NODE_DESTS
+                          if dest in settings)
+        raise UsageError(f"{named} (torchrun's node settings) cannot be combined with --min-np/--max-np/"
+                         "--host-discovery-script: the elastic driver places the workers itself. HINT: drop "
+                         "the elastic flags, or unset the node settings.")
+    # what the variables set (a pod's PET_*) is told: the command line shows the rest
+    for line in describe_sources(args):
+        if "(from default)" not in line and "(from command line)" not in line:
+            print(f"ringtrain train: {line}", file=sys.stderr, flush=True)
+    if args.np is not None:
+        settings["num_proc"] = args.np
+    return settings
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -107,6 +164,10 @@ def run_train(args: argparse.Namespace) -> int:
     from ringtrain.workloads import get_workload
 
     defaults = get_workload(args.workload).defaults
+    nodes = node_launch(args)
+    if args.max_restarts < 0:
+        raise UsageError(f"{value_label(args, 'max_restarts')}{args.max_restarts} must be at least 0. "
+                         "HINT: use e.g. --max-restarts 3, or 0 for no restart.")
     # Elastic: asked for here, or this is a worker of `ringtrain run --min-np ... ringtrain train ...`.
     elastic = (args.min_np is not None or args.max_np is not None or args.host_discovery_script is not None
                or elastic_rendezvous.enabled())
@@ -134,12 +195,13 @@ def run_train(args: argparse.Namespace) -> int:
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
             max_steps_per_epoch=args.max_steps_per_epoch, elastic=True if elastic else None,
             signals_to_handle=args.signals_to_handle)
-        job = TrainJob(workload=args.workload, trainer=config, nproc=args.np, data_dir=args.data_dir,
+        nproc = 1 if args.np is None else args.np
+        job = TrainJob(workload=args.workload, trainer=config, nproc=nproc, data_dir=args.data_dir,
                        download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, results_json=args.results_json,
                        max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
-                       host_discovery_script=args.host_discovery_script)
+                       host_discovery_script=args.host_discovery_script, node_launch=nodes)
         check_before_training(job, oversubscribe=bool(args.oversubscribe))
         return launch_job(job)
     except RankInputError as exc:

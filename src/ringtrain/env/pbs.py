@@ -45,6 +45,9 @@ def nodefile_lines(path: str | Path) -> list[str]:
         if ":" in host:
             host, _, count = host.partition(":")
             words = [f"slots={count}", *words]
+        if not host or "=" in host:  # 'slots=4' or ':4' alone: the host name is missing, not 'slots=4'
+            raise ClusterEnvironmentError(f"{path}:{number}: {raw.strip()!r} names no host. HINT: start the "
+                                          "line with the host, e.g. node1 slots=4.")
         for word in words:
             if word.startswith("slots="):
                 value = word.partition("=")[2]

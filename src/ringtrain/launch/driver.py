@@ -145,14 +145,23 @@ def check_worker_settings(config: LaunchConfig, environ: Mapping[str, str]) -> N
         raise UsageError(f"{problem} Every rank would refuse it, so none was started. HINT: {hint}") from None
 
 
+def local_endpoint(config: LaunchConfig) -> str:
+    """The store of a job on this node alone: ``--master-addr``/``--master-port`` when given, else a free
+    local port. ``--standalone`` ignores them, as torchrun does: in a pod they come from the operator's
+    ``PET_MASTER_*`` and name another pod, where no store of this job will ever listen."""
+    if config.standalone:
+        return f"127.0.0.1:{free_port()}"
+    if config.master_port:
+        check_port_free(config.master_port)
+    return f"{config.master_addr or '127.0.0.1'}:{config.master_port or free_port()}"
+
+
 def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str],
                  node_hosts: tuple[str, ...] | None = None) -> int:
     check_command(config.command, config.no_python)
     endpoint = plan.rdzv_endpoint
     if plan.local_only:
-        if config.master_port:
-            check_port_free(config.master_port)
-        endpoint = f"{config.master_addr or '127.0.0.1'}:{config.master_port or free_port()}"
+        endpoint = local_endpoint(config)
     elif plan.node_rank == 0 and plan.rdzv_backend == "static" and is_local_host(endpoint.rpartition(":")[0]):
         check_port_free(int(endpoint.rpartition(":")[2]))
     driven = config.driver is not None

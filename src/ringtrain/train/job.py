@@ -69,6 +69,16 @@ class TrainJob:
     """Elastic: most workers at once."""
     host_discovery_script: str | None = None
     """Elastic: command printing the available ``host[:slots]`` lines (default: this machine, nproc slots)."""
+    node_launch: dict[str, Any] = field(default_factory=dict)
+    """torchrun's node settings that were set (``LaunchConfig`` fields: ``nnodes``, ``node_rank``, ...; from
+    the flags or torchrun's ``PET_*`` variables, as ``ringtrain run`` reads them), with ``num_proc`` when -np
+    was given: the launcher places the ranks on the nodes (and completes them from a pod's variables).
+    Empty: the ranks run on this machine alone."""
+
+    @property
+    def launched(self) -> bool:
+        """The ranks are started by the launcher; otherwise the job runs in the calling process."""
+        return self.nproc > 1 or self.elastic or bool(self.node_launch)
 
     @property
     def elastic(self) -> bool:
@@ -393,7 +403,7 @@ def _forwarded_as_stop(job: TrainJob) -> Iterator[None]:
 
     own = {signal.Signals[name] for name in STOP_SIGNALS}
     extra = [sig for sig in parse_signals(job.trainer.signals_to_handle) if sig not in own]
-    if job.nproc == 1 and not job.elastic or threading.current_thread() is not threading.main_thread():
+    if not job.launched or threading.current_thread() is not threading.main_thread():
         yield  # one process: the Trainer's own handlers take it
         return
     saved = {sig: signal.signal(sig, lambda *_: os.kill(os.getpid(), signal.SIGTERM)) for sig in extra}
@@ -405,7 +415,7 @@ def _forwarded_as_stop(job: TrainJob) -> Iterator[None]:
 
 
 def _launch(job: TrainJob) -> int:
-    if job.nproc == 1 and not job.elastic:
+    if not job.launched:
         run_job(job)
         return 0
     from ringtrain.launch.config import LaunchConfig
@@ -422,9 +432,11 @@ def _launch(job: TrainJob) -> int:
         errors.mkdir()
         command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
                    "--error-dir", str(errors))
-        code = launch(LaunchConfig(command=command, num_proc=job.nproc, max_restarts=job.max_restarts,
-                                   min_np=job.min_np, max_np=job.max_np,
-                                   host_discovery_script=job.host_discovery_script))
+        # torchrun's node settings: the plan spreads the ranks over the nodes, -np (when given) in all
+        settings = {"num_proc": None if job.node_launch else job.nproc, **job.node_launch}
+        code = launch(LaunchConfig(command=command, max_restarts=job.max_restarts, min_np=job.min_np,
+                                   max_np=job.max_np, host_discovery_script=job.host_discovery_script,
+                                   **settings))
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         note = errors / NOTE_NAME
         if code != 0 and note.exists():  # the ranks stopped for a signal, their snapshot written
