@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.environ import patched_environ
 from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
+from ringtrain.launch.stopping import PREEMPTED_STATUS
 from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
@@ -175,7 +176,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
     from ringtrain.launch.rendezvous import BACKEND, NodeMeeting, NodeView
     from ringtrain.launch.restarts import GroupAgent, Restart, run_agent
-    from ringtrain.launch.stopping import StopGuard
+    from ringtrain.launch.stopping import StopGuard, warnings_passed_on
 
     host = spec.host or socket.gethostname()
     log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
@@ -227,7 +228,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         print(f"ringtrain run: {_restart_line(restart, failures, host)}", file=sys.stderr, flush=True)
 
     try:
-        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
+        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
+                warnings_passed_on(lambda: agents[0].rank_pids() if agents else []):
             relay.start()
             try:
                 if meeting is not None:
@@ -250,6 +252,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
             # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
             return 128 + signal.SIGINT
+        if all(pf.exitcode == PREEMPTED_STATUS for pf in exc.failures.values()):
+            return _preempted(spec)
         failures = [_failure_from(rank, pf, host,
                                   _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
                     for rank, pf in exc.failures.items()]
@@ -260,6 +264,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         _emit(spec, root, failures)
         return 1
     except SignalException as exc:
+        codes = agents[0].rank_exit_codes() if agents else []
+        if codes and all(code == PREEMPTED_STATUS for code in codes):
+            return _preempted(spec)  # the stop signal reached the ranks too, and each stopped gracefully
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 130
@@ -287,6 +294,15 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
         guard.finish()
+
+
+def _preempted(spec: NodeSpec) -> int:
+    """Every rank of this node stopped for a handled signal after writing its snapshot: no failure."""
+    if not spec.failure_marker:  # a driver's agent: the driver speaks to the user
+        print(f"ringtrain run: node {spec.node_rank}: every rank stopped preempted (status "
+              f"{PREEMPTED_STATUS}, snapshot written); the same command resumes from it.", file=sys.stderr,
+              flush=True)
+    return PREEMPTED_STATUS
 
 
 def _restart_line(restart: Any, failures: list[RankFailure], host: str) -> str:

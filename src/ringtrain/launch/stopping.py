@@ -36,6 +36,35 @@ STOP_LIMIT_S = RANK_GRACE_S + 15.0
 REPEAT_AFTER_S = 1.0
 #: The signals torch's agent stops on (its TORCHELASTIC_SIGNALS_TO_HANDLE default).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+#: A rank's status after it stopped for a handled signal and wrote its snapshot (the Trainer's
+#: PREEMPTED_EXIT, train/preemption.py): a node whose every rank ended so ends with it too, and so does
+#: ``ringtrain run``, so that a job script can requeue the job (launch/scripts.py).
+PREEMPTED_STATUS = 75
+#: Signals that warn of a stop without being one (the schedulers' warnings: Slurm ``--signal``, LSF
+#: ``-wa``): the agent passes them to its ranks, which snapshot and stop; left alone, the default action
+#: of SIGUSR1 would end the agent itself.
+WARNING_SIGNALS = ("SIGUSR1",)
+
+
+@contextlib.contextmanager
+def warnings_passed_on(ranks: Callable[[], Iterable[int]]) -> Iterator[None]:
+    """While the block runs, a :data:`WARNING_SIGNALS` signal to this process goes to each of ``ranks()``
+    (main thread only; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def pass_on(signum: int, _frame: Any) -> None:
+        for pid in ranks():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    saved = {sig: signal.signal(sig, pass_on) for sig in (getattr(signal, n) for n in WARNING_SIGNALS)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 _forced_exit_callbacks: list[Callable[[int], None]] = []
 
