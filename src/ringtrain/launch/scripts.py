@@ -340,7 +340,12 @@ def slurm_script(job: JobScript) -> str:
     # srun is told the task's CPUs: since Slurm 22.05 it no longer takes them from the job's
     # --cpus-per-task, and all ranks of a node would share one core.
     cpus = "$SLURM_CPUS_PER_TASK" if job.cpus_per_node is not None else "$SLURM_CPUS_ON_NODE"
-    srun = [f'srun --ntasks-per-node=1 --cpus-per-task="{cpus}" --kill-on-bad-exit=1']
+    # --kill-on-bad-exit: a node that fails takes the others down at once. Not with --requeue: the
+    # nodes end preempted (75) one after another, and one killed while it ends would turn srun's
+    # status into 143, so the job would not be requeued; ringtrain's own failure detection still ends
+    # the other nodes' ranks when one fails (docs/failures.md).
+    srun = [f'srun --ntasks-per-node=1 --cpus-per-task="{cpus}"'
+            + ("" if job.requeue else " --kill-on-bad-exit=1")]
     if job.gpus_per_node:
         srun[0] += " --gpu-bind=none"  # the node's one task owns all its GPUs; rank r takes GPU r
     launch = [srun[0] + " \\", "    " + _launch_line(job)]

@@ -1,0 +1,170 @@
+"""Requeue trials: a 2-node Slurm job from ``ringtrain script slurm --requeue``, warned mid-run.
+
+One trial writes the job script (``ringtrain train mnist``, one rank on each of hostA and hostB, a
+snapshot folder in the trial's folder), submits it with ``sbatch``, waits for its first snapshot file
+(an event on the shared file system, never a fixed sleep), sends the warning as Slurm sends it at
+``--signal=B:USR1@N`` (``scancel --signal=USR1 --batch``: to the batch shell alone), and then follows
+the job: the ranks snapshot and stop with status 75, the script requeues the job, the requeued job
+resumes from that snapshot and completes. It checks the output file: "preempted at step S", then
+"resumed from ... step S", and a final snapshot at the step count of an uninterrupted run.
+
+Slurm holds a requeued job back for a while before it may start again (about two minutes on the test
+cluster: ``Reason=BeginTime``). The trial lifts that hold (``scontrol update JobId=... StartTime=now``)
+once the job shows up requeued, as an administrator may: the hold is the site's pacing, not part of
+what is checked, and the figure reports how long the requeue itself took.
+
+``python -m tests.integration.requeue_trials`` is not the entry point: ``benchmarks/requeue_trials.py``
+starts the cluster and runs N trials; ``tests/integration/test_requeue.py`` runs one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.integration.slurm import SlurmCluster
+from tests.integration.system import ringtrain_argv, script_interpreter_flags, tail, wait_for
+
+#: Optimizer steps of the whole run (one epoch cut at this many steps), and a snapshot every few of them.
+STEPS = 20
+SAVE_EVERY = 5
+#: Seconds one trial may take at most (submission to completion), on a loaded 2-core machine.
+TRIAL_LIMIT_S = 900.0
+
+_PREEMPTED = re.compile(r"preempted at step (\d+), snapshot (\S+?) \((\w+)\)")
+_RESUMED = re.compile(r"resumed from (\S+) \(epoch \d+, batch \d+, step (\d+)\)")
+_SNAPSHOT = re.compile(r"snapshot-(\d+)\.pt$")
+
+
+@dataclass
+class Trial:
+    """What one trial saw."""
+
+    job_id: str
+    preempted_step: int | None = None
+    resumed_step: int | None = None
+    final_step: int | None = None
+    restarts: int | None = None
+    state: str = ""
+    submit_to_warning_s: float = 0.0
+    warning_to_requeued_s: float = 0.0
+    requeued_to_completed_s: float = 0.0
+    total_s: float = 0.0
+    problem: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem
+
+    def record(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def write_job(cluster: SlurmCluster, folder: Path) -> Path:
+    """The job script ``ringtrain script slurm --requeue`` writes for the trial's training run."""
+    command = ["python3", "-m", "ringtrain", "train", "mnist", "--epochs", "1", "--max-steps-per-epoch",
+               str(STEPS), "--snapshot-dir", str(folder / "snapshots"), "--save-every-steps", str(SAVE_EVERY),
+               "--threads", "1", "--no-progress"]
+    generated = cluster.run(ringtrain_argv("script", "slurm", "-N", "2", "--nproc-per-node", "1", "--requeue",
+                                           "--time", "00:30:00", "--output", str(folder / "job.out"),
+                                           *script_interpreter_flags(), "--", *command), timeout=120)
+    if generated.returncode != 0:
+        raise RuntimeError(f"ringtrain script failed: {generated.stderr}")
+    job = folder / "job.sh"
+    job.write_text(generated.stdout)
+    return job
+
+
+def _job_fields(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    shown = cluster.run(["scontrol", "show", "job", "-o", job_id], timeout=60).stdout
+    return dict(word.split("=", 1) for word in shown.split() if "=" in word)
+
+
+def run_trial(cluster: SlurmCluster, folder: Path) -> Trial:
+    """Submit, warn once the first snapshot is written, follow the requeue to the end; see the module doc."""
+    folder.mkdir(parents=True, exist_ok=True)
+    job = write_job(cluster, folder)
+    out = folder / "job.out"
+    started = time.monotonic()
+    submitted = cluster.run(["sbatch", "--parsable", str(job)], timeout=120, cwd=folder)
+    if submitted.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {submitted.stderr}")
+    trial = Trial(job_id=submitted.stdout.strip().split(";")[0])
+    snapshots = folder / "snapshots"
+
+    def ended() -> bool:
+        state = _job_fields(cluster, trial.job_id).get("JobState", "")
+        trial.state = state
+        return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+    def first_snapshot() -> bool:
+        if any(snapshots.glob("snapshot-*.pt")):
+            return True
+        if ended():
+            raise RuntimeError(f"job {trial.job_id} ended ({trial.state}) before its first snapshot:\n"
+                               f"{tail(out, 60)}")
+        return False
+
+    logs = [out]
+    try:
+        wait_for(first_snapshot, TRIAL_LIMIT_S, "the job's first snapshot", interval=0.2, logs=logs)
+        warned = time.monotonic()
+        trial.submit_to_warning_s = warned - started
+        signalled = cluster.run(["scancel", "--signal=USR1", "--batch", trial.job_id], timeout=60)
+        if signalled.returncode != 0:
+            raise RuntimeError(f"scancel --signal=USR1 --batch failed: {signalled.stderr}")
+
+        def requeued() -> bool:
+            fields = _job_fields(cluster, trial.job_id)
+            trial.state = fields.get("JobState", "")
+            if trial.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                raise RuntimeError(f"job {trial.job_id} ended ({trial.state}) instead of being requeued:\n"
+                                   f"{tail(out, 60)}")
+            return int(fields.get("Restarts", "0")) >= 1 and trial.state == "PENDING"
+
+        wait_for(requeued, TRIAL_LIMIT_S, "the job to be requeued", interval=0.5, logs=logs)
+        back = time.monotonic()
+        trial.warning_to_requeued_s = back - warned
+        # Slurm's hold of a requeued job (Reason=BeginTime) is the site's pacing: lift it (module doc).
+        cluster.run(["scontrol", "update", f"JobId={trial.job_id}", "StartTime=now"], timeout=60)
+        wait_for(ended, TRIAL_LIMIT_S, "the requeued job to end", interval=0.5, logs=logs)
+        trial.requeued_to_completed_s = time.monotonic() - back
+    except RuntimeError as exc:
+        trial.problem = str(exc)
+        cluster.run(["scancel", trial.job_id], timeout=60)
+    trial.total_s = time.monotonic() - started
+    _check(trial, cluster, out, snapshots)
+    return trial
+
+
+def _check(trial: Trial, cluster: SlurmCluster, out: Path, snapshots: Path) -> None:
+    """Read what the job wrote; the first thing that is not as it must be becomes ``trial.problem``."""
+    log = out.read_text(errors="replace") if out.exists() else ""
+    fields = _job_fields(cluster, trial.job_id)
+    trial.restarts = int(fields.get("Restarts", "0"))
+    preempted = sorted({int(m.group(1)) for m in _PREEMPTED.finditer(log)})
+    resumed = [int(m.group(2)) for m in _RESUMED.finditer(log)]
+    steps = [int(m.group(1)) for p in snapshots.glob("snapshot-*.pt") if (m := _SNAPSHOT.search(p.name))]
+    trial.preempted_step = preempted[0] if len(preempted) == 1 else None
+    trial.resumed_step = resumed[0] if resumed else None
+    trial.final_step = max(steps) if steps else None
+    if trial.problem:
+        return
+    problems = [
+        (trial.state == "COMPLETED", f"the job ended {trial.state}, not COMPLETED"),
+        (trial.restarts == 1, f"the job ran {trial.restarts} restart(s), not 1"),
+        (len(preempted) == 1, f"the ranks reported preemption at steps {preempted} (one step expected)"),
+        (len(resumed) == 1 and resumed[0] == trial.preempted_step,
+         f"resumed at {resumed}, not once from the preempted step {trial.preempted_step}"),
+        ("requeueing job" in log, "the script did not say that it requeued the job"),
+        (trial.final_step == STEPS, f"the last snapshot is at step {trial.final_step}, not {STEPS} as an "
+                                    "uninterrupted run's"),
+        (log.find("preempted at step") < log.rfind("resumed from"), "the resume came before the preemption"),
+    ]
+    for ok, why in problems:
+        if not ok:
+            trial.problem = f"{why}\n--- job output:\n{log[-4000:]}"
+            return
