@@ -160,7 +160,7 @@ def host_key_refused(stderr: str) -> bool:
 def host_key_message(host: str, stderr: str) -> str:
     """What to tell the user when ssh refused ``host``'s key: which case it was, and the fix."""
     text = stderr.lower()
-    if "identification has changed" in text or "key for" in text and "has changed" in text:
+    if "identification has changed" in text or ("key for" in text and "has changed" in text):
         return (f"host {host}: ssh refused its host key (Host key verification failed): it is not the key "
                 "known for that host in your known_hosts, so another machine may be answering at its "
                 "address, and no job (nor its secret) was sent to it. HINT: if the host was reinstalled, "

@@ -37,7 +37,7 @@ class SshGroup(ProcessGroup):
             return super().describe_end(what)
         last = self.last_error()
         if host_key_refused(last):
-            return host_key_message(self.host, last)
+            return host_key_message(self.host, "\n".join(self.tail))
         if self.lost_contact():
             return (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network to "
                     "it is cut)")
