@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -252,7 +252,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
             # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
             return 128 + signal.SIGINT
-        if all(pf.exitcode == PREEMPTED_STATUS for pf in exc.failures.values()):
+        if preempted(exc.failures.values()):
             return _preempted(spec)
         failures = [_failure_from(rank, pf, host,
                                   _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
@@ -294,6 +294,20 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
         guard.finish()
+
+
+#: How a rank ends that the agent stopped (SIGTERM, as a signal or as the shell's 128 + 15).
+_STOPPED = (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def preempted(failures: Iterable[ProcessFailure]) -> bool:
+    """True when a rank ended preempted (status 75) and every other either did too or was stopped by
+    the agent as it ended (torch's agent stops the rest once one has ended, and the ranks of a node end
+    within moments of each other). A rank ends 75 only once the snapshot is on disk (the Trainer's
+    ranks agree on that), so stopping the others then loses nothing. Failure times are whole seconds,
+    too coarse to tell which ended first."""
+    codes = [pf.exitcode for pf in failures]
+    return PREEMPTED_STATUS in codes and all(code in (PREEMPTED_STATUS, *_STOPPED) for code in codes)
 
 
 def _preempted(spec: NodeSpec) -> int:

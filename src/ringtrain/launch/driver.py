@@ -36,7 +36,8 @@ from ringtrain.launch.places.srun import srun_command
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
 from ringtrain.launch.remote import forwarded_environment, probe_hosts
 from ringtrain.launch.report import RankFailure, earliest, format_report
-from ringtrain.launch.stopping import stopping_line
+from ringtrain.launch.requeue import requeue_job
+from ringtrain.launch.stopping import PREEMPTED_STATUS, stopping_line, warnings_passed_on
 from ringtrain.launch.worker_entry import is_python
 
 
@@ -96,8 +97,18 @@ def check_build() -> str:
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
-    """Run ``config.command`` as the configured ranks; returns the launcher's exit code."""
+    """Run ``config.command`` as the configured ranks; returns the launcher's exit code.
+
+    With ``config.requeue``, a job whose ranks ended preempted requeues its batch job (launch/requeue.py).
+    """
     environ = dict(os.environ if environ is None else environ)
+    code = _launch(config, environ)
+    if config.requeue and code == PREEMPTED_STATUS:
+        return requeue_job(environ)
+    return code
+
+
+def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if config.check_build:
         print(check_build())
         return 0
@@ -183,7 +194,7 @@ def node_config(config: LaunchConfig, node_rank: int, nnodes: int, nproc: int, e
     return replace(config, num_proc=None, hosts=None, nnodes=(nnodes, nnodes), nproc_per_node=nproc,
                    node_rank=node_rank, rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_id=run_id,
                    master_addr=None, master_port=None, output_filename=_absolute(config.output_filename),
-                   log_dir=_absolute(config.log_dir), check_build=False, notes=(),
+                   log_dir=_absolute(config.log_dir), check_build=False, notes=(), requeue=False,
                    driver=DriverLink(tuple(slots), tuple(hosts)))
 
 
@@ -209,8 +220,11 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
                          "srun --ntasks-per-node=1 ringtrain run ...")
     task = replace(config, nproc_per_node=plan.nproc_per_node,
                    output_filename=_absolute(config.output_filename), log_dir=_absolute(config.log_dir),
-                   check_build=False, notes=())
-    srun = srun_command(plan.nnodes, node_argv(task))
+                   check_build=False, notes=(), requeue=False)
+    # --requeue: the nodes end preempted one after another; srun must not kill the later ones as they
+    # end (its status would be 143, not 75). A node that fails still ends the others through
+    # ringtrain's own failure detection.
+    srun = srun_command(plan.nnodes, node_argv(task), kill_on_bad_exit=not config.requeue)
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)
@@ -219,7 +233,9 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
     step = PLACES["srun"]("srun", srun, env)
     try:
-        return step.wait()
+        # a scheduler's warning (SIGUSR1) to this process goes on to srun, which passes it to every task
+        with warnings_passed_on(lambda: [step.proc.pid]):
+            return step.wait()
     except KeyboardInterrupt:
         step.stop()
         return step.wait()

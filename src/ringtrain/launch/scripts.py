@@ -37,6 +37,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ringtrain.engine.auth import export_secret_line
+from ringtrain.launch.requeue import REQUEUE_COMMANDS
 from ringtrain.launch.stopping import PREEMPTED_STATUS
 
 #: Scheduler names accepted by :func:`render`.
@@ -50,9 +51,6 @@ MAIL_EVENTS = ("begin", "end", "fail", "all")
 _RANKS_PER_NODE = "--nproc-per-node"
 #: Default seconds between the scheduler's warning signal and the job's end (``--signal-before``).
 SIGNAL_BEFORE_S = 120
-#: The command each scheduler takes to put a job of its own back in the queue, and the job's variable.
-REQUEUE_COMMANDS = {"slurm": ("scontrol requeue", "SLURM_JOB_ID"), "pbs": ("qrerun", "PBS_JOBID"),
-                    "lsf": ("brequeue", "LSB_JOBID")}
 
 
 def parse_walltime(text: str) -> int:
