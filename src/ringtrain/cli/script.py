@@ -26,7 +26,11 @@ _FOREIGN = {
                "Slurm calls its queues partitions. HINT: use --partition {v} (-p {v}); -q is Slurm's --qos."),
               (("--project", "-P"), "project", "Slurm charges accounts. HINT: use --account {v} (-A {v}).")],
     "pbs": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS),
-            (("--project", "-P"), "project", "PBS charges accounts. HINT: use --account {v} (-A {v}).")],
+            (("--project", "-P"), "project", "PBS charges accounts. HINT: use --account {v} (-A {v})."),
+            (("--signal-before",), "signal_before",
+             "PBS sends no warning ahead of the walltime: its SIGTERM comes at the end, and SIGKILL the "
+             "site's kill_delay later. HINT: leave out --signal-before; with --requeue the ranks snapshot on "
+             "that SIGTERM (docs/preemption.md).")],
     "lsf": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS)],
 }
 
