@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # tests.integration: the namespace hosts and Slur
 
 from results_io import write_results  # noqa: E402
 from tests.integration.netns import start_hosts  # noqa: E402
-from tests.integration.requeue_trials import STEPS, Trial, run_trial  # noqa: E402
+from tests.integration.requeue_trials import KINDS, STEPS, Trial, run_trial  # noqa: E402
 from tests.integration.slurm import start_two_node_cluster  # noqa: E402
 
 
@@ -37,15 +37,18 @@ def _spread(values: list[float]) -> str:
             if values else "-")
 
 
-def report(trials: list[Trial], machine: dict[str, object]) -> str:
+def report(trials: list[Trial], machine: dict[str, object], kind: str = "script") -> str:
     passed = [t for t in trials if t.passed]
     lines = [f"# Requeue trials: {len(passed)}/{len(trials)} passed",
              "",
              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores (2-node Slurm of "
              "network-namespace hosts on this one machine).",
-             "Job: `ringtrain script slurm -N 2 --nproc-per-node 1 --requeue` running `ringtrain train "
-             f"mnist --epochs 1 --max-steps-per-epoch {STEPS} --save-every-steps 5`; warning sent by "
-             "`scancel --signal=USR1 --batch` once the first snapshot was on disk.",
+             ("Job: `ringtrain script slurm -N 2 --nproc-per-node 1 --requeue`" if kind == "script" else
+              "Job: a batch script of its own (`#SBATCH --nodes=2 --requeue --signal=USR1@120`) with "
+              "`ringtrain run --requeue --nproc-per-node 1`")
+             + f" running `ringtrain train mnist --epochs 1 --max-steps-per-epoch {STEPS} --save-every-steps "
+             f"5`; warning sent by `scancel --signal=USR1{' --batch' if kind == 'script' else ''}` once the "
+             "first snapshot was on disk.",
              "",
              "| trial | job | preempted at | resumed from | final step | restarts | state | "
              "submit->warning | warning->requeued | requeued->done (hold lifted) | passed |",
@@ -70,6 +73,9 @@ def report(trials: list[Trial], machine: dict[str, object]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--kind", choices=KINDS, default="script",
+                        help="script: ringtrain script slurm --requeue; run: a batch script of its own with "
+                             "ringtrain run --requeue")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     from ringtrain.bench.machine import describe_machine
@@ -85,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster = start_two_node_cluster(root / "slurm", hosts)
             try:
                 for k in range(args.trials):
-                    trial = run_trial(cluster, root / f"trial-{k}")
+                    trial = run_trial(cluster, root / f"trial-{k}", args.kind)
                     trials.append(trial)
                     print(f"trial {k + 1}/{args.trials}: {'passed' if trial.passed else 'FAILED'} "
                           f"(preempted at {trial.preempted_step}, resumed from {trial.resumed_step}, final "
@@ -96,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.stop()
         finally:
             hosts.stop()
-    text = report(trials, machine)
+    text = report(trials, machine, args.kind)
     print(text)
-    write_results(args.out, "requeue_trials", machine,
-                  text, {"steps": STEPS, "trials": [t.record() for t in trials],
+    name = "requeue_trials" if args.kind == "script" else "requeue_trials_run"
+    write_results(args.out, name, machine,
+                  text, {"kind": args.kind, "steps": STEPS, "trials": [t.record() for t in trials],
                          "passed": sum(t.passed for t in trials)})
     return 0 if trials and all(t.passed for t in trials) else 1
 

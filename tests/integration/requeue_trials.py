@@ -17,13 +17,16 @@ the nodes ("Killing non-startable batch JobId=...: Job credential revoked", seen
 Slurm compares the new credential's time with the revocation's in whole seconds.
 
 ``python -m tests.integration.requeue_trials`` is not the entry point: ``benchmarks/requeue_trials.py``
-starts the cluster and runs N trials; ``tests/integration/test_requeue.py`` runs one.
+starts the cluster and runs N trials; ``tests/integration/test_requeue.py`` runs one. The ``run`` kind
+(``benchmarks/requeue_trials.py --kind run``) submits a batch script of its own that runs ``ringtrain run
+--requeue`` instead, warned with ``scancel --signal=USR1`` (every process of the job's steps).
 """
 
 from __future__ import annotations
 
 import datetime
 import re
+import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,17 +70,34 @@ class Trial:
         return {**asdict(self), "passed": self.passed}
 
 
-def write_job(cluster: SlurmCluster, folder: Path) -> Path:
-    """The job script ``ringtrain script slurm --requeue`` writes for the trial's training run."""
+#: The kinds of trial: the script of ``ringtrain script slurm --requeue``, or a batch script of one's own
+#: that runs ``ringtrain run --requeue`` (warned with ``scancel --signal=USR1``: every process of the
+#: job's steps, as Slurm's ``--signal=USR1@N`` without ``B:``).
+KINDS = ("script", "run")
+
+
+def write_job(cluster: SlurmCluster, folder: Path, kind: str = "script") -> Path:
+    """The trial's job script: ``ringtrain script slurm --requeue``'s, or (``run``) a hand-written one."""
     command = ["python3", "-m", "ringtrain", "train", "mnist", "--epochs", "1", "--max-steps-per-epoch",
                str(STEPS), "--snapshot-dir", str(folder / "snapshots"), "--save-every-steps", str(SAVE_EVERY),
                "--threads", "1", "--no-progress"]
+    job = folder / "job.sh"
+    if kind == "run":
+        flags = script_interpreter_flags()
+        activate = f". {shlex.quote(flags[1])}/bin/activate" if flags[0] == "--venv" else ""
+        python = flags[1] if flags[0] == "--python" else "python3"
+        job.write_text("\n".join([
+            "#!/bin/bash", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=00:30:00",
+            "#SBATCH --requeue", "#SBATCH --signal=USR1@120", "#SBATCH --open-mode=append",
+            f"#SBATCH --output={folder / 'job.out'}", activate, "export OMP_NUM_THREADS=1",
+            shlex.join([python, "-m", "ringtrain", "run", "--requeue", "--nproc-per-node", "1", *command]),
+            ""]))
+        return job
     generated = cluster.run(ringtrain_argv("script", "slurm", "-N", "2", "--nproc-per-node", "1", "--requeue",
                                            "--time", "00:30:00", "--output", str(folder / "job.out"),
                                            *script_interpreter_flags(), "--", *command), timeout=120)
     if generated.returncode != 0:
         raise RuntimeError(f"ringtrain script failed: {generated.stderr}")
-    job = folder / "job.sh"
     job.write_text(generated.stdout)
     return job
 
@@ -107,10 +127,10 @@ def _shorten_hold(cluster: SlurmCluster, job_id: str) -> None:
     cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=60)
 
 
-def run_trial(cluster: SlurmCluster, folder: Path) -> Trial:
+def run_trial(cluster: SlurmCluster, folder: Path, kind: str = "script") -> Trial:
     """Submit, warn once the first snapshot is written, follow the requeue to the end; see the module doc."""
     folder.mkdir(parents=True, exist_ok=True)
-    job = write_job(cluster, folder)
+    job = write_job(cluster, folder, kind)
     out = folder / "job.out"
     started = time.monotonic()
     submitted = cluster.run(["sbatch", "--parsable", str(job)], timeout=120, cwd=folder)
@@ -137,9 +157,11 @@ def run_trial(cluster: SlurmCluster, folder: Path) -> Trial:
         wait_for(first_snapshot, TRIAL_LIMIT_S, "the job's first snapshot", interval=0.2, logs=logs)
         warned = time.monotonic()
         trial.submit_to_warning_s = warned - started
-        signalled = cluster.run(["scancel", "--signal=USR1", "--batch", trial.job_id], timeout=60)
+        # the script's job: the batch shell alone (B:); a job of one's own: every process of its steps
+        warn = ["scancel", "--signal=USR1", *(["--batch"] if kind == "script" else []), trial.job_id]
+        signalled = cluster.run(warn, timeout=60)
         if signalled.returncode != 0:
-            raise RuntimeError(f"scancel --signal=USR1 --batch failed: {signalled.stderr}")
+            raise RuntimeError(f"{' '.join(warn)} failed: {signalled.stderr}")
 
         def requeued() -> bool:
             fields = _job_fields(cluster, trial.job_id)
@@ -182,7 +204,7 @@ def _check(trial: Trial, cluster: SlurmCluster, out: Path, snapshots: Path) -> N
         (len(preempted) == 1, f"the ranks reported preemption at steps {preempted} (one step expected)"),
         (len(resumed) == 1 and resumed[0] == trial.preempted_step,
          f"resumed at {resumed}, not once from the preempted step {trial.preempted_step}"),
-        ("requeueing job" in log, "the script did not say that it requeued the job"),
+        ("requeueing job" in log or "requeued the job" in log, "nothing said that the job was requeued"),
         (trial.final_step == STEPS, f"the last snapshot is at step {trial.final_step}, not {STEPS} as an "
                                     "uninterrupted run's"),
         (log.find("preempted at step") < log.rfind("resumed from"), "the resume came before the preemption"),
