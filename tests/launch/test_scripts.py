@@ -231,6 +231,7 @@ def _calls(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.slow  # six job scripts run: about 3 s
 @pytest.mark.parametrize("scheduler", ["slurm", "pbs", "lsf"])
 def test_requeue_trap_requeues_the_job_only_when_the_launch_ended_preempted(scheduler: str,
                                                                              tmp_path: Path) -> None:
