@@ -15,7 +15,7 @@ from ringtrain.cli.main import build_parser, main
 #: scheduler's words are hidden options that exit 2 with the right one (``--queue`` on Slurm, ...).
 SCRIPT_FLAGS = {"--account", "--cpus-per-proc", "--gpus-per-node", "--job-name", "--nodes",
                 "--nproc-per-node", "--output", "--procs-per-node", "--python", "--setup", "--time", "--venv",
-                "--mail-user", "--mail-type", "-A", "-J", "-N", "-o", "-t"}
+                "--mail-user", "--mail-type", "--requeue", "-A", "-J", "-N", "-o", "-t"}
 
 #: Every public flag of each subcommand (``-h``/``--help`` aside); changing one is a deliberate act.
 #: ``run`` and ``train`` have theirs in test_run.py and test_train.py; others are not frozen here.
@@ -23,10 +23,12 @@ FROZEN: dict[tuple[str, ...], set[str]] = {
     ("check",): {"--device", "--iterations", "--json", "--no-bandwidth", "--sizes", "--timeout"},
     ("env",): {"--json"},
     ("script",): set(),
-    ("script", "slurm"): SCRIPT_FLAGS | {"--partition", "-p", "--qos", "-q", "--queue", "--project", "-P"},
+    ("script", "slurm"): SCRIPT_FLAGS | {"--partition", "-p", "--qos", "-q", "--queue", "--project", "-P",
+                                         "--signal-before"},
     ("script", "pbs"): SCRIPT_FLAGS | {"--queue", "-q", "--pbs-resources", "--partition", "-p", "--qos",
-                                       "--project", "-P"},
-    ("script", "lsf"): SCRIPT_FLAGS | {"--queue", "-q", "--project", "-P", "--partition", "-p", "--qos"},
+                                       "--project", "-P", "--signal-before"},
+    ("script", "lsf"): SCRIPT_FLAGS | {"--queue", "-q", "--project", "-P", "--partition", "-p", "--qos",
+                                       "--signal-before"},
     ("install-aliases",): {"--dir", "--remove"},
     ("shim-path",): {"--check"},
 }

@@ -423,7 +423,7 @@ PUBLIC_FLAGS = {
     "--redirects", "--tee", "--local-addr", "--rdzv-conf", "--min-np", "--min-num-proc", "--max-np",
     "--max-num-proc",
     "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
-    "--blacklist-cooldown-range", "--oversubscribe",
+    "--blacklist-cooldown-range", "--oversubscribe", "--requeue",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}

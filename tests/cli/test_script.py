@@ -253,6 +253,12 @@ def test_a_script_whose_python_lacks_ringtrain_says_so(tmp_path: Path) -> None:
      "'sometimes' is not one of begin, end, fail, all"),
     (["slurm", "-N", "1", "--nproc-per-node", "1", "--partition", "gpu;rm -rf", "--", "x"],
      "--partition 'gpu;rm -rf' holds characters"),
+    (["slurm", "-N", "1", "--nproc-per-node", "1", "--requeue", "--", "ringtrain", "train", "mnist"],
+     "--requeue: the command `ringtrain train` writes no snapshot"),
+    (["lsf", "-N", "1", "--nproc-per-node", "1", "--requeue", "--signal-before", "0", "--", "x"],
+     "--signal-before 0 must be at least 1"),
+    (["pbs", "-N", "1", "--nproc-per-node", "1", "--requeue", "--signal-before", "60", "--", "x"],
+     "--signal-before '60': PBS sends no warning ahead of the walltime"),
 ])
 def test_bad_input_exits_2_with_a_hint(argv: list[str], message: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -294,3 +300,16 @@ def test_parser_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert [name for name in ("slurm", "pbs", "lsf") if name not in err] == []
     assert "`ringtrain script --help` lists the commands." in err
     assert "usage:" not in err
+
+
+def test_requeue_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _script(capsys, "slurm", "-N", "2", "--nproc-per-node", "1", "--requeue", "--signal-before",
+                    "300", "--", "python3", "-m", "ringtrain", "train", "mnist", "--snapshot-dir", "snaps")
+    assert "#SBATCH --signal=B:USR1@300" in lines
+    assert '    if ! scontrol requeue "$SLURM_JOB_ID"; then' in lines
+    # the launch: in the background, and srun waits for every node (no --kill-on-bad-exit)
+    assert _launch(lines)[:3] == ["srun", "--ntasks-per-node=1", "--cpus-per-task=$SLURM_CPUS_ON_NODE"]
+    assert _launch(lines)[-1] == "&"
+    lines = _script(capsys, "pbs", "-N", "1", "--nproc-per-node", "1", "--requeue", "--", "python3", "t.py")
+    assert "#PBS -r y" in lines
+    assert '    if ! qrerun "$PBS_JOBID"; then' in lines

@@ -90,6 +90,7 @@ SCRIPT_VARIANTS = [
      "--mail-type", "all"],
     ["--cpus-per-proc", "2", "--setup", "echo set up", "--venv", "/opt/some venv"],
     ["--gpus-per-node", "2", "--python", "/usr/bin/python3", "--mail-type", "fail"],
+    ["--requeue", "--signal-before", "300", "--time", "01:00:00"],
 ]
 
 

@@ -34,6 +34,7 @@ EVERYTHING = LaunchConfig(
     rdzv_id="job-7",
     standalone=True,
     max_restarts=3,
+    requeue=True,
     master_addr="node1",
     master_port=29500,
     horovod_shim=False,

@@ -61,3 +61,42 @@ def test_a_refused_key_is_not_retried(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(UsageError, match=r"Permission denied \(publickey\)\. HINT"):
         remote.probe_hosts(["job-worker-1"], None, None, timeout=120)
     assert len(calls.read_text().split()) == 1
+
+
+def test_host_keys_are_checked_against_known_hosts_accepting_only_a_first_key_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(remote.ENV_HOST_KEY_CHECKING, raising=False)
+    command = remote_command("hostB", ["true"], {}, "/w", None, None, 10)
+    assert "StrictHostKeyChecking=accept-new" in command
+    # the user's known_hosts (ssh's own default), never a file of ours, never unchecked
+    assert not [w for w in command if w.startswith(("StrictHostKeyChecking=no", "UserKnownHostsFile"))]
+    monkeypatch.setenv(remote.ENV_HOST_KEY_CHECKING, "yes")
+    assert "StrictHostKeyChecking=yes" in remote_command("hostB", ["true"], {}, "/w", None, None, 10)
+    for bad in ("no", "off", "maybe"):
+        monkeypatch.setenv(remote.ENV_HOST_KEY_CHECKING, bad)
+        with pytest.raises(UsageError, match=rf"RINGTRAIN_SSH_HOST_KEY_CHECKING='{bad}' is not one of "
+                                             r"accept-new, yes\. HINT"):
+            remote.ssh_base("hostB", None, None, 10)
+
+
+#: What OpenSSH prints when a host presents another key than the one known for it (as the integration
+#: test tests/integration/test_ssh_host_keys.py sees it from the real client).
+CHANGED_KEY = ("@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+               "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+               "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+               "Host key for job-worker-1 has changed and you have requested strict checking.\n"
+               "Host key verification failed.")
+
+
+def test_a_changed_host_key_is_named_with_the_host_and_the_fix_and_not_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_ssh(tmp_path, 10**6, CHANGED_KEY)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(UsageError) as caught:
+        remote.probe_hosts(["job-worker-1"], None, None, timeout=120)
+    message = str(caught.value)
+    assert message.startswith("host job-worker-1: ssh refused its host key (Host key verification failed)")
+    assert "no job (nor its secret) was sent to it" in message
+    assert "HINT: if the host was reinstalled, remove the old key with `ssh-keygen -R job-worker-1`" \
+        in message
+    assert len(calls.read_text().split()) == 1

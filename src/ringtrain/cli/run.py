@@ -144,6 +144,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     option("--mpi-args", dest="mpi_args", help="accepted and ignored")
     option("--binding-args", dest="binding_args", help="accepted and ignored")
     flag("--disable-cache", dest="disable_cache", help="accepted (nothing is cached)")
+    flag("--requeue", dest="requeue", help="inside a Slurm, PBS or LSF batch job: when the ranks end "
+         "preempted (status 75, snapshot written), requeue the job (scontrol requeue, qrerun, brequeue) and "
+         "exit 0; the requeued job resumes from the snapshot (docs/preemption.md)")
     option("--start-timeout", dest="start_timeout", type=nonneg_float, default="30",
            help="seconds allowed for reaching hosts and starting (default 30)")
     option("--network-interfaces", "--network-interface", dest="network_interfaces", metavar="NIC,...",
@@ -441,6 +444,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         log_level=args.log_level,
         max_restarts=args.max_restarts,
         **nodes,
+        requeue=bool(args.requeue),
         horovod_shim=not args.no_horovod_shim,
         tuning=tuning_env(args),
         exports=parse_exports(args.export),

@@ -13,7 +13,7 @@ import sys
 
 from ringtrain.cli.usage import HelpfulParser
 from ringtrain.exceptions import UsageError
-from ringtrain.launch.scripts import MAIL_EVENTS, JobScript, render
+from ringtrain.launch.scripts import MAIL_EVENTS, SIGNAL_BEFORE_S, JobScript, render
 
 _SUBMIT = {"slurm": "sbatch job.sh", "pbs": "qsub job.sh", "lsf": "bsub < job.sh"}
 _WHAT = {"slurm": "an sbatch script", "pbs": "a qsub script (PBS Pro, OpenPBS, Torque)",
@@ -26,7 +26,11 @@ _FOREIGN = {
                "Slurm calls its queues partitions. HINT: use --partition {v} (-p {v}); -q is Slurm's --qos."),
               (("--project", "-P"), "project", "Slurm charges accounts. HINT: use --account {v} (-A {v}).")],
     "pbs": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS),
-            (("--project", "-P"), "project", "PBS charges accounts. HINT: use --account {v} (-A {v}).")],
+            (("--project", "-P"), "project", "PBS charges accounts. HINT: use --account {v} (-A {v})."),
+            (("--signal-before",), "signal_before",
+             "PBS sends no warning ahead of the walltime: its SIGTERM comes at the end, and SIGKILL the "
+             "site's kill_delay later. HINT: leave out --signal-before; with --requeue the ranks snapshot on "
+             "that SIGTERM (docs/preemption.md).")],
     "lsf": [(("--partition", "-p"), "partition", _NOT_PARTITIONS), (("--qos",), "qos", _NO_QOS)],
 }
 
@@ -123,6 +127,14 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     parser.add_argument("--venv", metavar="DIR", help="activate this virtual environment first")
     parser.add_argument("--setup", action="append", default=[], metavar="LINE",
                         help="shell line to run before the launch, e.g. 'module load cuda' (repeatable)")
+    parser.add_argument("--requeue", action="store_true",
+                        help="take the scheduler's warning signal to the ranks (they snapshot and stop, "
+                             "status 75), then requeue the job, which resumes from the snapshot "
+                             "(docs/preemption.md)")
+    if scheduler != "pbs":  # PBS has no warning ahead of the walltime: its SIGTERM comes at the end
+        parser.add_argument("--signal-before", type=int, default=SIGNAL_BEFORE_S, metavar="SECONDS",
+                            help=f"with --requeue: the warning comes this long before the time limit "
+                                 f"(default {SIGNAL_BEFORE_S})")
     if scheduler == "pbs":
         parser.add_argument("--pbs-resources", choices=["select", "nodes"], default="select",
                             help="select=N:ncpus:mpiprocs with place=scatter (PBS Pro, default) or "
@@ -155,7 +167,8 @@ def job_from_args(args: argparse.Namespace) -> JobScript:
                          mail_type=mail_type, job_name=args.job_name, output=args.output,
                          cpus_per_proc=args.cpus_per_proc, gpus_per_node=args.gpus_per_node,
                          python=args.python or "python3", setup=tuple(setup),
-                         pbs_resources=getattr(args, "pbs_resources", "select"))
+                         pbs_resources=getattr(args, "pbs_resources", "select"), requeue=args.requeue,
+                         signal_before=getattr(args, "signal_before", SIGNAL_BEFORE_S))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -300,6 +300,13 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         _emit(spec, root, failures)
         return 1
     except SignalException as exc:
+        codes = agents[0].rank_exit_codes() if agents else []
+        if codes and all(code == PREEMPTED_EXIT for code in codes):
+            # the stop signal reached the ranks too, and each stopped gracefully after its snapshot
+            if not spec.failure_marker:  # a driver's agent: the driver speaks to the user
+                line = preempted_line(f"{len(codes)} rank(s)")
+                print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 130

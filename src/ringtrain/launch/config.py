@@ -63,6 +63,9 @@ class LaunchConfig:
     rdzv_id: str | None = None
     standalone: bool = False
     max_restarts: int = 0
+    requeue: bool = False
+    """``--requeue``: when the ranks end preempted (status 75), requeue the batch job this launcher runs
+    in and end 0 (launch/requeue.py). Only the launcher does: never set on the agents it starts."""
     master_addr: str | None = None
     master_port: int | None = None
     horovod_shim: bool = True

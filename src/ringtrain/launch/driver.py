@@ -44,6 +44,7 @@ from ringtrain.launch.report import (
     preempted,
     preempted_line,
 )
+from ringtrain.launch.requeue import requeue_job
 from ringtrain.launch.stopping import stopping_line
 from ringtrain.launch.worker_entry import is_python
 
@@ -104,8 +105,18 @@ def check_build() -> str:
 
 
 def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
-    """Run ``config.command`` as the configured ranks; returns the launcher's exit code."""
+    """Run ``config.command`` as the configured ranks; returns the launcher's exit code.
+
+    With ``config.requeue``, a job whose ranks ended preempted requeues its batch job (launch/requeue.py).
+    """
     environ = dict(os.environ if environ is None else environ)
+    code = _launch(config, environ)
+    if config.requeue and code == PREEMPTED_EXIT:
+        return requeue_job(environ)
+    return code
+
+
+def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if config.check_build:
         print(check_build())
         return 0
@@ -200,7 +211,7 @@ def node_config(config: LaunchConfig, node_rank: int, nnodes: int, nproc: int, e
     return replace(config, num_proc=None, hosts=None, nnodes=(nnodes, nnodes), nproc_per_node=nproc,
                    node_rank=node_rank, rdzv_backend="static", rdzv_endpoint=endpoint, rdzv_id=run_id,
                    master_addr=None, master_port=None, output_filename=_absolute(config.output_filename),
-                   log_dir=_absolute(config.log_dir), check_build=False, notes=(),
+                   log_dir=_absolute(config.log_dir), check_build=False, notes=(), requeue=False,
                    driver=DriverLink(tuple(slots), tuple(hosts)))
 
 
@@ -226,8 +237,11 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
                          "srun --ntasks-per-node=1 ringtrain run ...")
     task = replace(config, nproc_per_node=plan.nproc_per_node,
                    output_filename=_absolute(config.output_filename), log_dir=_absolute(config.log_dir),
-                   check_build=False, notes=())
-    srun = srun_command(plan.nnodes, node_argv(task))
+                   check_build=False, notes=(), requeue=False)
+    # --requeue: the nodes end preempted one after another; srun must not kill the later ones as they
+    # end (its status would be 143, not 75). A node that fails still ends the others through
+    # ringtrain's own failure detection.
+    srun = srun_command(plan.nnodes, node_argv(task), kill_on_bad_exit=not config.requeue)
     if config.verbose:
         print("ringtrain run: inside a Slurm batch job, re-launching through: " + " ".join(srun),
               file=sys.stderr)

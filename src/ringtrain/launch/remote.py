@@ -40,15 +40,38 @@ def forwarded_environment(environ: Mapping[str, str],
     return env
 
 
+#: How ssh checks the hosts' keys: ``accept-new`` (default: a host's first key is recorded in the user's
+#: known_hosts and trusted, a changed one is refused) or ``yes`` (only hosts whose key is already known).
+#: Never ``no``: the driver sends each host's agent the job's secret once ssh has connected.
+ENV_HOST_KEY_CHECKING = "RINGTRAIN_SSH_HOST_KEY_CHECKING"
+HOST_KEY_CHECKING = ("accept-new", "yes")
+
+
+def host_key_checking(environ: Mapping[str, str] | None = None) -> str:
+    """ssh's ``StrictHostKeyChecking`` value from :data:`ENV_HOST_KEY_CHECKING`; a bad value is a
+    :class:`UsageError` naming it and the fix."""
+    value = (os.environ if environ is None else environ).get(ENV_HOST_KEY_CHECKING, "").strip().lower()
+    if not value:
+        return HOST_KEY_CHECKING[0]
+    if value not in HOST_KEY_CHECKING:
+        raise UsageError(f"{ENV_HOST_KEY_CHECKING}={value!r} is not one of {', '.join(HOST_KEY_CHECKING)}. "
+                         "HINT: use yes to accept only hosts whose key is in your known_hosts, or unset it "
+                         "for accept-new (a host's first key is trusted and recorded); there is no 'no': "
+                         "every host is sent the job's secret.")
+    return value
+
+
 def ssh_base(host: str, port: int | None, identity_file: str | None, connect_timeout: float,
              alive_timeout: float | None = None) -> list[str]:
-    """``ssh`` with batch mode (never prompt), no host-key question, and a connect timeout.
+    """``ssh`` with batch mode (never prompt), host keys checked against the user's known_hosts
+    (:func:`host_key_checking`), and a connect timeout.
 
     ``alive_timeout``: give up on a session whose host has not answered for about that long (ssh's
     ServerAlive probes), instead of at the kernel's TCP timeout, minutes later: a job spanning a host
     that went away ends within ``RINGTRAIN_PEER_TIMEOUT_SECONDS``.
     """
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR",
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={host_key_checking()}",
+           "-o", "LogLevel=ERROR",
            "-o", f"ConnectTimeout={max(int(connect_timeout), 1)}"]
     if alive_timeout:
         interval = max(1, round(alive_timeout / 4))
@@ -96,6 +119,8 @@ def probe_hosts(hosts: Sequence[str], port: int | None, identity_file: str | Non
             return "no answer"
         if result.returncode != 0:
             lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+            if host_key_refused(result.stderr):
+                raise UsageError(host_key_message(host, result.stderr))
             return lines[-1].rstrip(".") if lines else f"ssh exited with code {result.returncode}"
         return None
 
@@ -125,6 +150,30 @@ def probe_hosts(hosts: Sequence[str], port: int | None, identity_file: str | Non
                          f"HINT: check that 'ssh {host} true' works without a password (keys in "
                          "~/.ssh or -i FILE, port with -p); a host (or Kubernetes pod) still starting "
                          "was retried until then, so raise --start-timeout if it needs longer.")
+
+
+def host_key_refused(stderr: str) -> bool:
+    """ssh's words when it refused the host's key (it then exits 255 and sends nothing)."""
+    return "host key verification failed" in stderr.lower()
+
+
+def host_key_message(host: str, stderr: str) -> str:
+    """What to tell the user when ssh refused ``host``'s key: which case it was, and the fix."""
+    text = stderr.lower()
+    if "identification has changed" in text or ("key for" in text and "has changed" in text):
+        return (f"host {host}: ssh refused its host key (Host key verification failed): it is not the key "
+                "known for that host in your known_hosts, so another machine may be answering at its "
+                "address, and no job (nor its secret) was sent to it. HINT: if the host was reinstalled, "
+                f"remove the old key with `ssh-keygen -R {host}` and check the new one with `ssh {host} "
+                "true`; otherwise find out who answers there first.")
+    if "no " in text and "host key is known" in text:
+        return (f"host {host}: its key is not in your known_hosts and {ENV_HOST_KEY_CHECKING}=yes accepts "
+                f"only known hosts (Host key verification failed). HINT: add its key (`ssh {host} true` once "
+                f"and check the fingerprint, or ssh-keyscan {host} >> ~/.ssh/known_hosts after checking it), "
+                f"or unset {ENV_HOST_KEY_CHECKING} to trust a host's first key (docs/security.md).")
+    return (f"host {host}: ssh refused its host key (Host key verification failed); no job was sent to it. "
+            f"HINT: check the host's key in your known_hosts (`ssh {host} true` shows what ssh objects to; "
+            f"`ssh-keygen -R {host}` removes a stale one) (docs/security.md).")
 
 
 def cwd_for_remote() -> str:

@@ -188,10 +188,10 @@ def format_earlier_attempts(attempts: Sequence[tuple[int, float, Sequence[RankFa
 def preempted(failures: list[RankFailure]) -> bool:
     """The ranks stopped on request, resumably: the first to end exited with :data:`PREEMPTED_EXIT` (the
     Trainer's status after its snapshot), and the others with it too, or by the SIGTERM that stopped
-    them once it had."""
+    them once it had (as a signal, or as a shell's 128 + 15)."""
     first = earliest(failures)
     return (first is not None and first.exitcode == PREEMPTED_EXIT
-            and all(f.exitcode in (PREEMPTED_EXIT, -signal.SIGTERM) for f in failures))
+            and all(f.exitcode in (PREEMPTED_EXIT, -signal.SIGTERM, 128 + signal.SIGTERM) for f in failures))
 
 
 def preempted_line(who: str) -> str:

@@ -102,6 +102,12 @@ class GroupAgent(LocalElasticAgent):
         """The pids of this node's ranks running now ([] before the first start)."""
         return list(self._pcontext.pids().values()) if self._pcontext is not None else []
 
+    def rank_exit_codes(self) -> list[int | None]:
+        """The exit codes of this node's ranks of the last start (None: still running; [] before the first
+        start, or where the ranks are not subprocesses)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        return [handler.proc.poll() for handler in handlers.values()]
+
     def _exit_barrier(self) -> None:
         group = self._worker_group
         store = self._store

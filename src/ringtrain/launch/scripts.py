@@ -17,6 +17,14 @@ cores ``nproc`` counts on the node). ``OMP_NUM_THREADS`` is exported either way.
 The interpreter is ``python3`` as the job finds it (after ``--venv`` or ``--setup`` lines), or
 ``--python``: never this machine's absolute path, which a cluster's nodes need not have.
 
+``--requeue``: the job asks for the scheduler's warning signal ``--signal-before`` seconds before its end
+and is marked rerunnable; the launch runs in the background so that the batch shell can take the warning
+and pass it on to the ranks, and when ``ringtrain run`` ends with the preemption status (75: every rank
+stopped after the same step and wrote its snapshot, docs/preemption.md) the script requeues its own job
+(``scontrol requeue``, ``qrerun``, ``brequeue``) and exits 0; any other status is the job's. The requeued
+job runs the same command, which resumes from the snapshot folder: a relative one lies in the job's
+working folder, the same for every run of the job.
+
 Pure functions: a :class:`JobScript` in, the script's text out.
 """
 
@@ -25,9 +33,12 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 
 from ringtrain.engine.auth import export_secret_line
+from ringtrain.launch.report import PREEMPTED_EXIT
+from ringtrain.launch.requeue import REQUEUE_COMMANDS
 
 #: Scheduler names accepted by :func:`render`.
 SCHEDULERS = ("slurm", "pbs", "lsf")
@@ -38,6 +49,8 @@ _WORD = re.compile(r"^[A-Za-z0-9_.@+-]+$")
 #: ``--mail-type`` words: when to send mail.
 MAIL_EVENTS = ("begin", "end", "fail", "all")
 _RANKS_PER_NODE = "--nproc-per-node"
+#: Default seconds between the scheduler's warning signal and the job's end (``--signal-before``).
+SIGNAL_BEFORE_S = 120
 
 
 def parse_walltime(text: str) -> int:
@@ -94,6 +107,11 @@ class JobScript:
     """Shell lines run before the launch (``module load ...``, ``source venv/bin/activate``)."""
     pbs_resources: str = "select"
     """PBS resource syntax: ``select`` (PBS Pro/OpenPBS) or ``nodes`` (Torque ``nodes=N:ppn=M``)."""
+    requeue: bool = False
+    """Ask for the warning signal, mark the job rerunnable, and requeue it when ``ringtrain run`` ends with
+    the preemption status (75)."""
+    signal_before: int = SIGNAL_BEFORE_S
+    """With ``requeue``: seconds before the job's end at which the scheduler sends its warning signal."""
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -132,6 +150,28 @@ class JobScript:
         for line in self.setup:
             if "\n" in line:
                 raise ValueError(f"--setup {line!r} spans several lines. HINT: repeat --setup once per line.")
+        if self.requeue:
+            self._check_requeue()
+
+    def _check_requeue(self) -> None:
+        if self.signal_before < 1:
+            raise ValueError(f"--signal-before {self.signal_before} must be at least 1 (seconds before the "
+                             "job's end). HINT: e.g. --signal-before 120.")
+        if self.walltime is not None and self.signal_before >= self.walltime:
+            raise ValueError(f"--signal-before {self.signal_before} is not shorter than --time {self.time}: "
+                             "the warning would come before the job starts. HINT: give a longer --time or a "
+                             "shorter --signal-before.")
+        train = _ringtrain_train_args(self.command)
+        if train is None:
+            return  # another program: its snapshot folder is its own business (docs/preemption.md)
+        if "--no-resume" in train:
+            raise ValueError("--requeue with `ringtrain train --no-resume`: every requeued run would start "
+                             "afresh. HINT: leave out --no-resume.")
+        if not any(arg.startswith(("--snapshot-dir", "--save-every")) for arg in train):
+            raise ValueError("--requeue: the command `ringtrain train` writes no snapshot, so a requeued job "
+                             "would start afresh. HINT: add --snapshot-dir DIR (a folder every node and "
+                             "every "
+                             "run of the job sees) to the command.")
 
     @property
     def cpus_per_node(self) -> int | None:
@@ -148,6 +188,15 @@ class JobScript:
         """When to mail, with ``all`` spelled out; end and fail when only an address was given."""
         events = self.mail_type or (("end", "fail") if self.mail_user else ())
         return ("begin", "end", "fail") if "all" in events else tuple(dict.fromkeys(events))
+
+
+def _ringtrain_train_args(command: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The arguments after ``ringtrain train`` (or ``python -m ringtrain train``) in ``command``; None
+    when the command is another program."""
+    for k, arg in enumerate(command[:-1]):
+        if arg.rsplit("/", 1)[-1] == "ringtrain" and command[k + 1] == "train":
+            return command[k + 2:]
+    return None
 
 
 # --- the parts every script shares ------------------------------------------------------------------
@@ -211,6 +260,49 @@ def _body(job: JobScript, preamble: list[str], head_node: str, launch: list[str]
             *_job_environment(job, head_node), "", *launch, ""]
 
 
+def _background_launch(job: JobScript, launch: list[str], warning: str, how: str) -> list[str]:
+    """``launch`` in the background, with a trap that passes the scheduler's ``warning`` signal on to it.
+
+    A foreground command would hold the trap until it ended (bash runs traps between commands), so the
+    launch runs in the background and the shell waits for it, then :func:`_requeue_tail`.
+    """
+    return [*textwrap.wrap(f"--requeue: {how}", 100, initial_indent="# ", subsequent_indent="# "),
+            "# The launch runs in the background: bash runs a trap only between commands, and the warning",
+            "# must reach the ranks while they run. One that comes before the launch has started is passed",
+            "# on as soon as it has.",
+            'LAUNCH_PID=""',
+            "WARNED=0",
+            f'warn_ranks() {{ WARNED=1; [ -z "$LAUNCH_PID" ] || kill -{warning} "$LAUNCH_PID" 2>/dev/null '
+            "|| true; }",
+            f"trap 'echo \"job: SIG{warning}: the ranks snapshot and stop\" >&2; warn_ranks' {warning}",
+            *launch[:-1], launch[-1] + " &",
+            "LAUNCH_PID=$!",
+            '[ "$WARNED" = 0 ] || warn_ranks',
+            "status=0",
+            "# wait returns early for each trapped signal: wait again while the launch runs, then take its",
+            "# status",
+            'while kill -0 "$LAUNCH_PID" 2>/dev/null; do wait "$LAUNCH_PID" || true; done',
+            'wait "$LAUNCH_PID" || status=$?',
+            *_requeue_tail(job)]
+
+
+def _requeue_tail(job: JobScript) -> list[str]:
+    """Requeue the job when the launch ended preempted (every rank's snapshot written), else pass on."""
+    command, variable = REQUEUE_COMMANDS[job.scheduler]
+    return [f'if [ "$status" -eq {PREEMPTED_EXIT} ]; then',
+            f'    echo "job: ringtrain run ended preempted (status {PREEMPTED_EXIT}, every rank stopped '
+            f'after the same step and the snapshot is written): requeueing job ${variable}; it resumes from '
+            'the snapshot" >&2',
+            f'    if ! {command} "${variable}"; then',
+            f'        echo "job: {command} ${variable} failed: submit the same script again to resume from '
+            'the snapshot" >&2',
+            f'        exit {PREEMPTED_EXIT}',
+            "    fi",
+            "    exit 0  # requeued: not a failure",
+            "fi",
+            'exit "$status"']
+
+
 # --- one function per scheduler --------------------------------------------------------------------
 
 def slurm_script(job: JobScript) -> str:
@@ -237,13 +329,28 @@ def slurm_script(job: JobScript) -> str:
     if job.mail_events:
         lines.append(f"#SBATCH --mail-type={','.join(e.upper() for e in job.mail_events)}")
     lines.append(f"#SBATCH --output={job.output or 'ringtrain-%j.out'}")
+    if job.requeue:
+        # B: only the batch shell gets the warning: its trap passes it to srun, which passes it to every
+        # task (each node's ringtrain run, and with it the ranks). append: a requeued run's output follows
+        # the first run's in the same file instead of replacing it.
+        lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_before}",
+                  "#SBATCH --open-mode=append"]
     # srun is told the task's CPUs: since Slurm 22.05 it no longer takes them from the job's
     # --cpus-per-task, and all ranks of a node would share one core.
     cpus = "$SLURM_CPUS_PER_TASK" if job.cpus_per_node is not None else "$SLURM_CPUS_ON_NODE"
-    srun = [f'srun --ntasks-per-node=1 --cpus-per-task="{cpus}" --kill-on-bad-exit=1']
+    # --kill-on-bad-exit: a node that fails takes the others down at once. Not with --requeue: the
+    # nodes end preempted (75) one after another, and one killed while it ends would turn srun's
+    # status into 143, so the job would not be requeued; ringtrain's own failure detection still ends
+    # the other nodes' ranks when one fails (docs/failures.md).
+    srun = [f'srun --ntasks-per-node=1 --cpus-per-task="{cpus}"'
+            + ("" if job.requeue else " --kill-on-bad-exit=1")]
     if job.gpus_per_node:
         srun[0] += " --gpu-bind=none"  # the node's one task owns all its GPUs; rank r takes GPU r
     launch = [srun[0] + " \\", "    " + _launch_line(job)]
+    if job.requeue:
+        launch = _background_launch(job, launch, "USR1", f"Slurm sends SIGUSR1 to this shell "
+                                    f"{job.signal_before} s before the time limit (--signal=B:USR1@...); "
+                                    "srun passes it to every task.")
     preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): srun starts one `ringtrain run` per "
                 "node,", "# which starts that node's ranks; the nodes meet at the job's first host."]
     head = 'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p'
@@ -278,6 +385,8 @@ def pbs_script(job: JobScript) -> str:
     if job.mail_events:
         letters = {"begin": "b", "end": "e", "fail": "a"}  # a: aborted
         lines.append("#PBS -m " + "".join(letters[e] for e in job.mail_events))
+    if job.requeue:
+        lines.append("#PBS -r y")  # rerunnable: qrerun may put it back in the queue
     lines.append("#PBS -j oe")
     if job.output:
         lines.append(f"#PBS -o {job.output}")
@@ -301,9 +410,22 @@ def _pbs_launch(job: JobScript) -> list[str]:
     through ``printf``, a shell builtin: never on a command line that ``ps`` would show.
     """
     flags = ' --nnodes "$2" --node-rank "$1"'
+    wait_lines = ['    wait "$pid" || status=$?']
+    warning: list[str] = []
+    if job.requeue:
+        # PBS's warning is SIGTERM to every process of the job (at walltime, or when the job is
+        # preempted), SIGKILL kill_delay later: the ranks take it themselves; this shell must only live
+        # through it, and waits on until the pbsdsh tasks end (wait returns early for a trapped signal).
+        warning = ["# --requeue: PBS sends SIGTERM to every process of the job at its walltime, SIGKILL "
+                   "kill_delay later:",
+                   "# the ranks snapshot and stop; this shell only notes it and waits for them.",
+                   "trap 'echo \"job: SIGTERM: the ranks snapshot and stop\" >&2' TERM"]
+        wait_lines = ['    while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done',
+                      '    wait "$pid" || status=$?']
     node = ["set -eo pipefail", 'cd "$PBS_O_WORKDIR"  # pbsdsh starts its tasks in the home folder',
             *job.setup, "set -u", *_threads_lines(job, "$(nproc)"), "exec " + _launch_line(job, flags)]
-    return ["if ! command -v pbsdsh >/dev/null; then",
+    return [*warning,
+            "if ! command -v pbsdsh >/dev/null; then",
             '    echo "job: pbsdsh not found: this script starts its ranks through PBS (PBS Pro, OpenPBS or '
             'Torque). HINT: submit it with qsub, or put PBS\'s bin folder on PATH with --setup" >&2',
             "    exit 2",
@@ -329,9 +451,9 @@ def _pbs_launch(job: JobScript) -> list[str]:
             "done",
             "status=0",
             'for pid in "${pids[@]}"; do',
-            '    wait "$pid" || status=$?',
+            *wait_lines,
             "done",
-            'exit "$status"']
+            *(_requeue_tail(job) if job.requeue else ['exit "$status"'])]
 
 
 def lsf_script(job: JobScript) -> str:
@@ -349,8 +471,7 @@ def lsf_script(job: JobScript) -> str:
     if job.gpus_per_node:
         lines.append(f'#BSUB -gpu "num={job.gpus_per_node}"')
     if job.walltime is not None:
-        minutes = math.ceil(job.walltime / 60)  # LSF takes [hours:]minutes: seconds round up
-        lines.append(f"#BSUB -W {minutes // 60:02d}:{minutes % 60:02d}")
+        lines.append(f"#BSUB -W {_minutes(job.walltime)}")
     if job.queue:
         lines.append(f"#BSUB -q {job.queue}")
     if job.account:
@@ -362,9 +483,23 @@ def lsf_script(job: JobScript) -> str:
     if {"end", "fail"} & set(job.mail_events):
         lines.append("#BSUB -N")  # LSF mails one report when the job ends, however it ended
     lines.append(f"#BSUB -o {job.output or 'ringtrain-%J.out'}")
+    if job.requeue:
+        # -wa/-wt: SIGUSR1 that many minutes (rounded up) before the run limit; -r: rerunnable
+        lines += ["#BSUB -r", "#BSUB -wa USR1", f"#BSUB -wt {_minutes(job.signal_before)}"]
     preamble = [f"# {job.nodes} node(s) x {job.procs_per_node} rank(s): `ringtrain run` reads the hosts from "
                 "$LSB_DJOB_HOSTFILE", "# and starts each node's ranks (over ssh on the other nodes)."]
-    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$LSB_DJOB_HOSTFILE"', [_launch_line(job)]))
+    launch = [_launch_line(job)]
+    if job.requeue:
+        launch = _background_launch(job, launch, "USR1", "LSF sends SIGUSR1 to the job "
+                                    f"{_minutes(job.signal_before)} (hours:minutes) before its run limit "
+                                    "(-wa, -wt); the trap passes it on.")
+    return "\n".join(lines + _body(job, preamble, 'sed -n 1p "$LSB_DJOB_HOSTFILE"', launch))
+
+
+def _minutes(seconds: int) -> str:
+    """LSF's ``[hours:]minutes``, seconds rounded up."""
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 def render(job: JobScript) -> str:

@@ -15,10 +15,11 @@ from typing import ClassVar
 from ringtrain.launch.supervision import ProcessGroup, Reach
 
 
-def srun_command(nnodes: int, argv: list[str]) -> list[str]:
-    """One task per node on ``nnodes`` nodes, each running ``argv``; a task that fails ends the step."""
-    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            *argv]
+def srun_command(nnodes: int, argv: list[str], kill_on_bad_exit: bool = True) -> list[str]:
+    """One task per node on ``nnodes`` nodes, each running ``argv``; a task that fails ends the step
+    (unless ``kill_on_bad_exit`` is False: then srun waits for every task)."""
+    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
+            *(["--kill-on-bad-exit=1"] if kill_on_bad_exit else []), *argv]
 
 
 class SrunStep(ProcessGroup):

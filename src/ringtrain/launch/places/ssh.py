@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ringtrain.launch.remote import cwd_for_remote, remote_command
+from ringtrain.launch.remote import cwd_for_remote, host_key_message, host_key_refused, remote_command
 from ringtrain.launch.supervision import ProcessGroup, Reach
 
 #: ssh's exit code when it could not connect, or its session broke.
@@ -36,6 +36,8 @@ class SshGroup(ProcessGroup):
         if not self.unreachable():
             return super().describe_end(what)
         last = self.last_error()
+        if host_key_refused(last):
+            return host_key_message(self.host, "\n".join(self.tail))
         if self.lost_contact():
             return (f"lost contact with host {self.host}: ssh: {last} (the host is down or the network to "
                     "it is cut)")
