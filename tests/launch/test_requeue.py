@@ -1,5 +1,5 @@
 """A launcher that ends preempted requeues its batch job (launch/requeue.py), and when a node counts as
-preempted (launch/agent.py's ``preempted``)."""
+preempted (launch/report.py's ``preempted``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ringtrain.launch.agent import preempted
+from ringtrain.launch.report import RankFailure, preempted
 from ringtrain.launch.requeue import requeue_command, requeue_job
 
 
@@ -56,8 +55,8 @@ def test_a_requeued_job_ends_0_and_a_refused_or_impossible_requeue_stays_preempt
     assert "no Slurm, PBS or LSF batch job" in capsys.readouterr().err
 
 
-def _failure(code: int) -> ProcessFailure:
-    return ProcessFailure(local_rank=0, pid=1, exitcode=code, error_file="")
+def _failure(code: int) -> RankFailure:
+    return RankFailure(host="h", rank=0, local_rank=0, exitcode=code, pid=1, time=1.0)
 
 
 @pytest.mark.parametrize(("codes", "expected"), [

@@ -186,12 +186,13 @@ def format_earlier_attempts(attempts: Sequence[tuple[int, float, Sequence[RankFa
 
 
 def preempted(failures: list[RankFailure]) -> bool:
-    """The ranks stopped on request, resumably: the first to end exited with :data:`PREEMPTED_EXIT` (the
-    Trainer's status after its snapshot), and the others with it too, or by the SIGTERM that stopped
-    them once it had (as a signal, or as a shell's 128 + 15)."""
-    first = earliest(failures)
-    return (first is not None and first.exitcode == PREEMPTED_EXIT
-            and all(f.exitcode in (PREEMPTED_EXIT, -signal.SIGTERM, 128 + signal.SIGTERM) for f in failures))
+    """The ranks stopped on request, resumably: one exited with :data:`PREEMPTED_EXIT` (the Trainer's
+    status once every rank agreed and the snapshot is on disk) and every other either did too or was
+    stopped by SIGTERM as it ended (as a signal, or as a shell's 128 + 15). Which ended first does not
+    matter, and failure times are whole seconds, too coarse to tell."""
+    codes = [f.exitcode for f in failures]
+    return PREEMPTED_EXIT in codes and all(
+        code in (PREEMPTED_EXIT, -signal.SIGTERM, 128 + signal.SIGTERM) for code in codes)
 
 
 def preempted_line(who: str) -> str:
