@@ -19,9 +19,20 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError("ringtrain.spark needs PySpark, which is not installed. HINT: pip install "
                       f"'ringtrain[spark]' (pyspark 4.0) and a Java 17+ runtime ({exc}).") from None
 
+import os as _os
+import shutil as _shutil
 from typing import Any
 
-from ringtrain.spark.runner import ExecutorLostError, RankFailedError, run, task_slots
+# Spark's driver is a JVM that pyspark starts: without Java, SparkSession.builder fails later with a
+# page of "Java gateway process exited"; say it here in one line instead.
+_java_home = _os.environ.get("JAVA_HOME", "").strip()
+if not (_java_home and _os.access(_os.path.join(_java_home, "bin", "java"), _os.X_OK)) \
+        and _shutil.which("java") is None:
+    raise ImportError("ringtrain.spark needs a Java runtime for Spark, and none was found (no java on PATH, "
+                      f"JAVA_HOME={_java_home or 'unset'}). HINT: apt-get install default-jre-headless "
+                      "(Java 17+), or set JAVA_HOME to a JDK/JRE folder.")
+
+from ringtrain.spark.runner import ExecutorLostError, RankFailedError, run, task_slots  # noqa: E402
 
 
 def run_elastic(*args: Any, **kwargs: Any) -> Any:
