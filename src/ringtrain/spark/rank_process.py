@@ -3,8 +3,8 @@
 Started by :mod:`ringtrain.spark.task` with the rank's variables and the job's secret in its
 environment, and the cloudpickled ``(fn, args, kwargs)`` on stdin. It says where it runs in the job
 store (``<job>/host/<rank>``), runs ``fn``, and writes ``("ok", result)`` or ``("error", summary,
-traceback)`` to RESULT_FILE. A failure also goes to the job store (``<job>/error/<rank>``, and the
-count ``<job>/errors``) at once, so that the driver learns of it while the other ranks still wait
+traceback)`` to RESULT_FILE. A failure also goes to the job store (``<job>/error/<rank>``, numbered by
+the count ``<job>/errors``) at once, so that the driver learns of it while the other ranks still wait
 in their collectives, and names it as the root cause.
 """
 
@@ -37,8 +37,10 @@ def main(argv: list[str]) -> int:
         summary, text = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         if store is not None:
             try:
-                store.set(f"{job}/error/{rank}", f"{summary}\n{text}")
-                store.add(f"{job}/errors", 1)
+                # the count orders the reports: the first rank to fail is the root cause, the others
+                # mostly fail because it left
+                order = store.add(f"{job}/errors", 1)
+                store.set(f"{job}/error/{rank}", f"{order}\n{summary}\n{text}")
             except Exception:  # noqa: BLE001 - the driver is gone too; the task's own error remains
                 pass
         result.write_bytes(cloudpickle.dumps(("error", summary, text)))

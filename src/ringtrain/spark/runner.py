@@ -240,7 +240,7 @@ class _Watch:
         return int(self.store.add(f"{self.job}/errors", 0))
 
     def _fail(self, executors: list[tuple[str, int]], thread: threading.Thread) -> None:
-        """Raise for the root cause: a lost executor first, else the lowest rank that reported an error."""
+        """Raise for the root cause: a lost executor first, else the rank that reported an error first."""
         deadline = time.monotonic() + _ROOT_CAUSE_WAIT_S
         lost = _lost(executors, _executors(self.sc))
         while not lost and time.monotonic() < deadline and self._error_count() < self.size:
@@ -252,28 +252,31 @@ class _Watch:
         if lost:
             raise ExecutorLostError(self._lost_text(lost, errors)) from None
         if errors:
-            rank = min(errors)
+            rank = min(errors, key=lambda r: errors[r][0])
             others = sorted(r for r in errors if r != rank)
             also = f" (rank(s) {', '.join(map(str, others))} failed too)" if others else ""
             raise RankFailedError(f"rank {rank}{self._where(rank)} failed{also}; the other ranks were "
-                                  f"stopped. Its error:\n{errors[rank]}") from None
+                                  f"stopped. Its error:\n{errors[rank][1]}") from None
         raise RankFailedError(f"a task of the barrier stage failed (Spark job group {self.job}) without a "
                               "rank reporting why; the run was stopped. HINT: the executors' logs (Spark UI, "
                               "Executors tab) hold its output.")
 
-    def _rank_errors(self) -> dict[int, str]:
+    def _rank_errors(self) -> dict[int, tuple[int, str]]:
+        """Each failed rank's (order of its report, error text)."""
+        assert self.store is not None
         errors = {}
         for rank in range(self.size):
             key = f"{self.job}/error/{rank}"
             if self.store.check([key]):
-                errors[rank] = self.store.get(key).decode(errors="replace")
+                order, _, text = self.store.get(key).decode(errors="replace").partition("\n")
+                errors[rank] = (int(order) if order.isdigit() else self.size + 1, text)
         return errors
 
     def _where(self, rank: int) -> str:
         key = f"{self.job}/host/{rank}"
         return f" on host {self.store.get(key).decode()}" if self.store.check([key]) else ""
 
-    def _lost_text(self, lost: list[tuple[str, int]], errors: Mapping[int, str] | None = None) -> str:
+    def _lost_text(self, lost: list[tuple[str, int]], errors: Mapping[int, Any] | None = None) -> str:
         hosts = ", ".join(sorted({host for host, _ in lost}))
         ranks = ""
         if errors is not None:
