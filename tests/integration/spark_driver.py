@@ -89,8 +89,13 @@ def case_kill(folder: Path) -> object:
         ended = time.time()
         killed = float((folder / "killed_at").read_text()) if (folder / "killed_at").exists() else None
         return {"type": type(exc).__name__, "message": str(exc),
-                "seconds": None if killed is None else ended - killed}
+                "seconds": None if killed is None else ended - killed, "executors": _executors()}
     return {"type": None}
+
+
+def _executors() -> list[str]:
+    infos = SparkSession.getActiveSession().sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return [f"{info.host()}:{info.port()}" for info in infos]
 
 
 def main(master: str, folder: Path, cases: list[str]) -> int:
@@ -101,7 +106,7 @@ def main(master: str, folder: Path, cases: list[str]) -> int:
              .config("spark.executorEnv.PYTHONPATH", str(SHIM_DIR))
              .config("spark.executorEnv.RINGTRAIN_JOB_SECRET", os.environ["SPARK_TEST_SECRET"])
              .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN")
     try:
         for name in cases:
             try:

@@ -11,6 +11,7 @@ import json
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -62,12 +63,17 @@ def driver_lines(netns_hosts: NamespaceHosts) -> Iterator[dict[str, object]]:
         for host in ("hostA", "hostB"):
             wait_for(lambda h=host: "Successfully registered with master" in _text(logs[h]), 180,
                      f"the Spark worker on {host}", logs=[logs[host]])
-        result = netns_hosts.run("hostA", [sys.executable, "-m", "ringtrain.shim", str(DRIVER), master,
-                                           str(folder), *CASES],
-                                 timeout=560, env={"SPARK_TEST_SECRET": secrets.token_hex(16)}, cwd=ROOT)
-        output = result.stdout + result.stderr
-        lines = dict(re.findall(r"^CASE (\w+) (.*)$", result.stdout, flags=re.M))
-        context = output[-6000:] + "".join(f"\n--- {log}:\n{tail(log)}" for log in logs.values())
+        # the driver's output goes to a file, which can be read while it runs
+        driver_log = folder / "driver.log"
+        with open(driver_log, "wb") as out:
+            subprocess.run(netns_hosts.command("hostA", [sys.executable, "-m", "ringtrain.shim", str(DRIVER),
+                                                         master, str(folder), *CASES]),
+                           stdout=out, stderr=subprocess.STDOUT, timeout=560, cwd=ROOT,
+                           env=clean_env({"SPARK_TEST_SECRET": secrets.token_hex(16),
+                                          "PYSPARK_PYTHON": sys.executable}))
+        output = driver_log.read_text(errors="replace")
+        lines = dict(re.findall(r"^CASE (\w+) (.*)$", output, flags=re.M))
+        context = tail(driver_log, 80) + "".join(f"\n--- {log}:\n{tail(log)}" for log in logs.values())
         yield {"cases": {name: json.loads(text) for name, text in lines.items()}, "output": output,
                "context": context}
     finally:
@@ -105,6 +111,6 @@ def test_torch_distributor_runs_a_horovod_api_script_on_both_hosts(driver_lines)
 def test_an_executor_killed_mid_run_fails_the_run_within_60_s_naming_its_host(driver_lines) -> None:
     outcome = _case(driver_lines, "kill")
     assert outcome["type"] == "ExecutorLostError", outcome
-    assert "executor on host hostB was lost" in outcome["message"]
+    assert "executor on host hostB was lost" in outcome["message"], f"{outcome}\n{driver_lines['context']}"
     assert outcome["seconds"] is not None, outcome
     assert outcome["seconds"] < 60, outcome
