@@ -1,5 +1,6 @@
 """The Spark driver of tests/integration/test_spark_two_hosts.py, run on hostA through the shim
-(``python -m ringtrain.shim spark_driver.py MASTER FOLDER CASE...``).
+(``python -m ringtrain.shim spark_driver.py MASTER FOLDER CASE...``, with PYSPARK_PYTHON set to this
+Python, which the executors then start).
 
 One driver for every case, because a driver's JVM takes seconds to start; each case prints one line,
 ``CASE <name> <json>``, and a case that raises prints its error there instead of ending the others.
@@ -101,7 +102,7 @@ def _executors() -> list[str]:
 def main(master: str, folder: Path, cases: list[str]) -> int:
     spark = (SparkSession.builder.master(master).appName("ringtrain-spark-two-hosts")
              .config("spark.ui.showConsoleProgress", "false").config("spark.ui.enabled", "false")
-             .config("spark.executor.memory", "512m").config("spark.pyspark.python", sys.executable)
+             .config("spark.executor.memory", "512m")
              # TorchDistributor's torchrun ranks import horovod.torch: ringtrain's shim, on their path
              .config("spark.executorEnv.PYTHONPATH", str(SHIM_DIR))
              .config("spark.executorEnv.RINGTRAIN_JOB_SECRET", os.environ["SPARK_TEST_SECRET"])

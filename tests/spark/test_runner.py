@@ -9,6 +9,7 @@ ranks need not import this module.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -57,14 +58,21 @@ def spark() -> Iterator[Any]:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    # the Python of the tasks: a driver started as plain python reads only this variable
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("ringtrain-spark-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.pyspark.python", sys.executable).getOrCreate())
+               .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
     finally:
         session.stop()
+        if before is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
         gateway = SparkContext._gateway
         if gateway is not None:  # the JVM exits once its stdin closes; the next module starts a fresh one
             gateway.shutdown()

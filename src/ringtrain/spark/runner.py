@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -201,13 +202,10 @@ class _Watch:
                             "slots, lower num_proc, or raise start_timeout.")
                 if progress["failed"] or self._error_count():
                     self._fail(executors, thread)
+                # every executor seen alive while the run was healthy: one that dies later is a suspect
+                executors.update({i: e for i, e in _executors(self.sc).items() if e.active})
             if self._error is not None:
-                if self._error_count():
-                    self._fail(executors, thread)
-                lost = _lost(executors, _executors(self.sc))
-                if lost:
-                    raise ExecutorLostError(self._lost_text(lost)) from None
-                raise self._error
+                self._fail(executors, thread)
         finally:
             self.store.close()
         return list(self._records or [])
@@ -239,8 +237,9 @@ class _Watch:
         assert self.store is not None
         return int(self.store.add(f"{self.job}/errors", 0))
 
-    def _fail(self, executors: list[tuple[str, int]], thread: threading.Thread) -> None:
-        """Raise for the root cause: a lost executor first, else the rank that reported an error first."""
+    def _fail(self, executors: Mapping[str, _Executor], thread: threading.Thread) -> None:
+        """Raise for the root cause: a lost executor first, else the rank that reported an error first, else
+        what Spark raised (a task that failed before its rank started, say)."""
         deadline = time.monotonic() + _ROOT_CAUSE_WAIT_S
         lost = _lost(executors, _executors(self.sc))
         while not lost and time.monotonic() < deadline and self._error_count() < self.size:
@@ -257,6 +256,8 @@ class _Watch:
             also = f" (rank(s) {', '.join(map(str, others))} failed too)" if others else ""
             raise RankFailedError(f"rank {rank}{self._where(rank)} failed{also}; the other ranks were "
                                   f"stopped. Its error:\n{errors[rank][1]}") from None
+        if self._error is not None:
+            raise self._error
         raise RankFailedError(f"a task of the barrier stage failed (Spark job group {self.job}) without a "
                               "rank reporting why; the run was stopped. HINT: the executors' logs (Spark UI, "
                               "Executors tab) hold its output.")
@@ -276,8 +277,10 @@ class _Watch:
         key = f"{self.job}/host/{rank}"
         return f" on host {self.store.get(key).decode()}" if self.store.check([key]) else ""
 
-    def _lost_text(self, lost: list[tuple[str, int]], errors: Mapping[int, Any] | None = None) -> str:
-        hosts = ", ".join(sorted({host for host, _ in lost}))
+    def _lost_text(self, lost: list[_Executor], errors: Mapping[int, Any] | None = None) -> str:
+        hosts = ", ".join(sorted({e.host for e in lost}))
+        why = "; ".join(f"executor {e.id}: {e.reason}" for e in lost if e.reason)
+        hosts += f" ({why})" if why else ""
         ranks = ""
         if errors is not None:
             failed = sorted(errors)
@@ -294,17 +297,37 @@ class _Watch:
             pass
 
 
-def _executors(sc: Any) -> list[tuple[str, int]]:
-    """(host, port) of every executor alive now (the driver included)."""
+@dataclass(frozen=True)
+class _Executor:
+    """One executor as Spark's status store (the UI's Executors tab) lists it."""
+
+    id: str
+    host: str
+    active: bool
+    reason: str
+
+
+def _executors(sc: Any) -> dict[str, _Executor]:
+    """Every executor Spark knows of, removed ones included, by id (the driver left out)."""
+    found: dict[str, _Executor] = {}
     try:
-        infos = sc._jsc.sc().statusTracker().getExecutorInfos()
-        return [(str(info.host()), int(info.port())) for info in infos]
-    except Exception:  # noqa: BLE001 - a stopped context has none
-        return []
+        listed = sc._jsc.sc().statusStore().executorList(False)
+        for i in range(listed.size()):
+            summary = listed.apply(i)
+            if summary.id() == "driver":
+                continue
+            reason = summary.removeReason()
+            text = str(reason.get()) if reason.isDefined() else ""
+            host = str(summary.hostPort()).rsplit(":", 1)[0]
+            found[str(summary.id())] = _Executor(str(summary.id()), host, bool(summary.isActive()), text)
+    except Exception:  # noqa: BLE001 - a private Spark API, or a stopped context: nothing to compare then
+        return {}
+    return found
 
 
-def _lost(before: list[tuple[str, int]], now: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    return sorted(set(before) - set(now)) if now else []
+def _lost(before: Mapping[str, _Executor], now: Mapping[str, _Executor]) -> list[_Executor]:
+    """The executors active in ``before`` that ``now`` lists as removed."""
+    return [now[i] for i in sorted(before) if before[i].active and i in now and not now[i].active]
 
 
 def _write_prefixed(stream: IO[str], rank: int, text: str) -> None:
