@@ -53,6 +53,17 @@ def test_without_a_spark_context_the_error_says_how_to_make_one() -> None:
         ringtrain.spark.run(print, num_proc=1)
 
 
+def test_only_executors_seen_alive_and_now_removed_count_as_lost() -> None:
+    from ringtrain.spark.runner import _Executor, _lost
+
+    before = {"0": _Executor("0", "hostA", True, ""), "1": _Executor("1", "hostB", True, ""),
+              "2": _Executor("2", "hostB", False, "an earlier run")}
+    now = {"0": _Executor("0", "hostA", True, ""), "1": _Executor("1", "hostB", False, "code 137"),
+           "2": _Executor("2", "hostB", False, "an earlier run"), "3": _Executor("3", "hostB", True, "")}
+    assert _lost(before, now) == [now["1"]]
+    assert _lost(before, before) == []
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     from pyspark import SparkContext

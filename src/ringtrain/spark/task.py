@@ -102,8 +102,12 @@ def _run_rank(payload: bytes, environ: dict[str, str]) -> tuple[tuple[Any, ...],
         out, err = (bytes(kept[k]).decode(errors="replace") for k in ("out", "err"))
         data = Path(result_path).read_bytes()
         if not data:
-            name = signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ \
-                else f"exit code {code}"
+            name = f"exit code {code}"
+            if code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
             return ("error", f"the rank's process ended ({name}) before it reported a result",
                     err[-4000:]), out, err
         return cloudpickle.loads(data), out, err
