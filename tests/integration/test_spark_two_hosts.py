@@ -111,6 +111,7 @@ def test_torch_distributor_runs_a_horovod_api_script_on_both_hosts(driver_lines)
 def test_an_executor_killed_mid_run_fails_the_run_within_60_s_naming_its_host(driver_lines) -> None:
     outcome = _case(driver_lines, "kill")
     assert outcome["type"] == "ExecutorLostError", outcome
-    assert "executor on host hostB was lost" in outcome["message"], f"{outcome}\n{driver_lines['context']}"
+    assert re.search(r"the Spark executor on host hostB \(executor \d+: .+\) was lost", outcome["message"]), \
+        f"{outcome}\n{driver_lines['context']}"
     assert outcome["seconds"] is not None, outcome
     assert outcome["seconds"] < 60, outcome
