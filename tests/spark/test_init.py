@@ -11,6 +11,8 @@ import pytest
 
 from ringtrain.shim import SHIM_DIR
 
+pytestmark = pytest.mark.slow  # each test starts a Python of its own
+
 _NO_PYSPARK = "import sys; sys.modules['pyspark'] = None; "
 _EXTRA = "the spark extra is not installed (pip install -e '.[test,ray,spark]')"
 
