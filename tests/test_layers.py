@@ -1,6 +1,7 @@
 """The package's imports run one way, down these layers (DESIGN.md, "Layering"):
 
-    cli -> bench -> train / check -> workloads -> launch -> shim -> ray -> the Horovod API -> engine -> env
+    cli -> bench -> train / check -> workloads -> launch -> shim -> ray / spark -> the Horovod API
+    -> engine -> env
 
 ``ringtrain.exceptions`` is at the bottom, usable from anywhere. Imports are read from the source
 with ``ast``, those inside functions included: a lazy import that goes upward is a cycle in disguise.
@@ -30,6 +31,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("shim", 35, ("ringtrain.shim",)),
     # Horovod's Ray executor: the shim's horovod.ray forwards to it; it needs only the engine.
     ("ray", 33, ("ringtrain.ray",)),
+    # Horovod's Spark runner: the shim's horovod.spark forwards to it; like ray, it needs only the engine.
+    ("spark", 33, ("ringtrain.spark",)),
     ("api", 30, ("ringtrain.mpi_ops", "ringtrain.optimizer", "ringtrain.functions", "ringtrain.compression",
                  "ringtrain.elastic", "ringtrain.process_sets", "ringtrain.sync_batch_norm", "ringtrain.ops",
                  "ringtrain.optimizer_names", "ringtrain.adasum_optimizer", "ringtrain.overlap")),

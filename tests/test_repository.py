@@ -52,7 +52,7 @@ def test_the_readme_needs_two_commands_on_a_fresh_machine() -> None:
     # the second sets up the system packages of the integration tests and the test extras
     test_steps = _steps(test)
     assert test_steps[0] == "bash .ci/system-setup"
-    assert "pip install -e '.[test,ray]'" in test_steps
+    assert "pip install -e '.[test,ray,spark]'" in test_steps
     assert test_steps[-1] == "python -m pytest"
     torch_pins = {s for s in train_steps + test_steps + _ci_commands() if s.startswith("pip install torch")}
     assert len(torch_pins) == 1, f"one torch pin everywhere, not {torch_pins}"
@@ -140,6 +140,11 @@ UNPICKLERS = {
     # ringtrain.run(func): the call and its results, in a private folder this user's launcher made.
     "src/ringtrain/launch/api.py": 1,
     "src/ringtrain/launch/func_runner.py": 1,
+    # ringtrain.spark: the rank's process reads the call its Spark task hands it on a pipe (the driver's
+    # pickled function, come in the stage's task binary as every PySpark function does); the task reads
+    # the result its own child wrote to a fresh private temp file.
+    "src/ringtrain/spark/rank_process.py": 1,
+    "src/ringtrain/spark/task.py": 1,
     # CIFAR-10's batches: an Unpickler that refuses every global but numpy's array pieces.
     "src/ringtrain/workloads/cifar.py": 1,
 }

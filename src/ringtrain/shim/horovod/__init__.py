@@ -1,7 +1,7 @@
 """ringtrain's stand-in for the ``horovod`` package (see ``ringtrain.shim``).
 
 Only what PyTorch users of Horovod import exists: ``horovod.torch``, ``horovod.common``,
-``horovod.runner`` and ``horovod.run``.
+``horovod.runner``, ``horovod.run``, and the runners ``horovod.ray`` and ``horovod.spark``.
 """
 
 from __future__ import annotations

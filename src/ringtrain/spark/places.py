@@ -1,0 +1,104 @@
+"""Numbering the tasks of a barrier stage: ranks grouped by executor host, and each rank's variables.
+
+Pure functions (no Spark calls), so the arithmetic is tested on its own. Every task computes the
+whole table from the same input, ``BarrierTaskContext.getTaskInfos()`` (one ``host:port`` address per
+task, in partition order), so all tasks agree on it without talking to each other.
+
+Hosts are ordered by how many tasks they hold, most first (ties: the host of the lowest partition).
+With that order the hosts holding local rank ``r`` are always the first ones, so a task's Horovod
+cross rank is its host's index and the cross size of local rank ``r`` is the number of hosts holding
+more than ``r`` tasks, right on uneven placements too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ringtrain.engine import auth
+from ringtrain.engine.job_store import split_address
+
+
+@dataclass(frozen=True)
+class TaskPlace:
+    """One task's place in the job."""
+
+    partition: int
+    host: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def host_of(address: str) -> str:
+    """The host part of a task address (``host:port``, ``[v6]:port``, or a bare host)."""
+    address = address.strip()
+    if address.startswith("["):
+        return address[1:address.index("]")]
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or ":" in host:
+        return address  # a bare host, or an IPv6 address without a port
+    return host
+
+
+def assign_places(addresses: Sequence[str]) -> list[TaskPlace]:
+    """The place of every task, ``addresses[i]`` being where partition ``i`` runs; in partition order."""
+    groups: dict[str, list[int]] = {}
+    for partition, address in enumerate(addresses):
+        groups.setdefault(host_of(address), []).append(partition)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+    counts = [len(members) for _, members in ordered]
+    places: list[TaskPlace] = []
+    for cross_rank, (host, members) in enumerate(ordered):
+        for local_rank, partition in enumerate(members):
+            places.append(TaskPlace(
+                partition=partition, host=host, rank=len(places), size=len(addresses), local_rank=local_rank,
+                local_size=len(members), cross_rank=cross_rank,
+                cross_size=sum(1 for c in counts if c > local_rank)))
+    return sorted(places, key=lambda p: p.partition)
+
+
+def rank_environ(place: TaskPlace, store_address: str, gloo_timeout_s: float, attempt: int = 0,
+                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``hvd.init()`` reads in the process of ``place`` (the job's secret travels apart).
+
+    torch's env:// names plus Horovod's, pointing at the job store the driver hosts, as the Ray
+    executor gives its actors. ``GROUP_WORLD_SIZE`` is left out on purpose: without it the cross size
+    is read from ``CROSS_SIZE``, which is per local rank. ``RINGTRAIN_ATTEMPT`` is the stage attempt, so
+    a retried stage never reads the keys of the attempt before it. ``extra`` (the caller's ``env``) is
+    applied first, so it cannot break the job's own names.
+    """
+    host, port = split_address(store_address)
+    env = {str(k): str(v) for k, v in (extra or {}).items()}
+    env.update({
+        "RANK": str(place.rank),
+        "WORLD_SIZE": str(place.size),
+        "LOCAL_RANK": str(place.local_rank),
+        "LOCAL_WORLD_SIZE": str(place.local_size),
+        "GROUP_RANK": str(place.cross_rank),
+        "CROSS_RANK": str(place.cross_rank),
+        "CROSS_SIZE": str(place.cross_size),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        "RINGTRAIN_ATTEMPT": str(attempt),
+        auth.ENV_ADDRESS: store_address,
+        "HOROVOD_RANK": str(place.rank),
+        "HOROVOD_SIZE": str(place.size),
+        "HOROVOD_LOCAL_RANK": str(place.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(place.local_size),
+        "HOROVOD_CROSS_RANK": str(place.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(place.cross_size),
+        "HOROVOD_HOSTNAME": place.host,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
