@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,6 +180,7 @@ def test_link_cut_for_good_ends_the_job_naming_the_unreachable_host(hosts, tmp_p
     job = Job(hosts, tmp_path)
     try:
         job.wait_training()
+        far_agent = agent_pid(hosts, "hostB")
         hosts.set_link(False)
         code, seconds = job.wait(timeout=2 * LAUNCHER_BOUND)
     finally:
@@ -189,6 +191,10 @@ def test_link_cut_for_good_ends_the_job_naming_the_unreachable_host(hosts, tmp_p
     assert any(words in output for words in said), output
     # hostB's side ends by itself too, across the cut: its ranks lose rank 0, its agent the launcher
     assert_no_process_left(hosts)
+    # what hostB's agent said could not cross the cut: its host keeps it (launch/link.py, note_on_host)
+    log = Path(tempfile.gettempdir()) / f"ringtrain-agents-{os.getuid()}.log"
+    noted = log.read_text() if log.exists() else ""
+    assert f"host hostB pid {far_agent}: no word from the launcher" in noted, noted[-2000:]
 
 
 def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
@@ -300,6 +306,13 @@ def test_killed_remote_agent_ends_the_job_naming_its_host(hosts, tmp_path):
     report = output.split("Root cause", 1)[-1]
     assert "hostB" in report, output
     assert_no_process_left(hosts)  # its ranks died with it (PR_SET_PDEATHSIG)
+    # Its folder stayed behind (a SIGKILL runs no clean-up); the next agent started on hostB removes it.
+    stale = list(Path(tempfile.gettempdir()).glob(f"ringtrain-run-hostB-{pid}-*"))
+    assert stale, "the killed agent's folder was not where the next agent looks"
+    result = hosts.run("hostB", [sys.executable, "-c", "import shutil; from ringtrain.launch.agent import "
+                                 "run_folder; shutil.rmtree(run_folder())"], timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert not any(folder.exists() for folder in stale)
 
 
 def test_random_rank_killed_at_a_random_time_is_the_root_cause(hosts, tmp_path):
@@ -359,3 +372,35 @@ def test_a_second_ctrl_c_kills_the_ranks_on_every_host_at_once(hosts, tmp_path):
     assert code == 128 + signal.SIGINT, output
     assert "SIGINT again: killing the ranks on every host now." in output
     assert_no_process_left(hosts, timeout=20)  # hostB's rank too, across ssh
+
+
+#: Ranks that answer a scheduler's warning as the Trainer does: they say so and exit 75 (preempted).
+WARNED = ("import os, signal, socket, sys, time\n"
+          "def warned(signum, frame):\n"
+          "    name = signal.Signals(signum).name\n"
+          "    print(f'rank {os.environ[\"RANK\"]} on {socket.gethostname()} got {name}', flush=True)\n"
+          "    sys.exit(75)\n"
+          "signal.signal(signal.SIGUSR1, warned)\n"
+          "print('warned rank', os.environ['RANK'], 'ready', flush=True)\n"
+          "while True:\n"
+          "    time.sleep(1)\n")
+
+
+def test_sigusr1_to_the_launcher_reaches_the_rank_on_the_far_host_and_the_job_exits_75(hosts, tmp_path):
+    # Slurm's --signal=USR1@120 (or LSF's bsub -wa USR1) reaches the launcher; the ranks must hear it.
+    job = Job(hosts, tmp_path, command=(sys.executable, "-c", WARNED))
+    try:
+        wait_for(lambda: job.output().count("ready") == 2 or job.proc.poll() is not None, 300,
+                 "both ranks to start", logs=[job.log])
+        assert job.proc.poll() is None, job.output()
+        job.proc.send_signal(signal.SIGUSR1)
+        code, _ = job.wait(timeout=60)
+    finally:
+        job.kill()
+    output = job.output()
+    assert code == 75, output
+    assert "rank 1 on hostB got SIGUSR1" in output, output  # across ssh, to the far host's rank
+    assert "rank 0 on hostA got SIGUSR1" in output, output
+    assert "stopped on request with exit status 75" in output, output
+    assert "Root cause" not in output, output
+    assert_no_process_left(hosts, timeout=20)

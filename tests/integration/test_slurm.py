@@ -105,3 +105,32 @@ def test_every_generated_script_passes_sbatch_test_only(slurm_cluster: SlurmClus
     result = slurm_cluster.run(["sbatch", "--test-only", str(job)], timeout=60, cwd=tmp_path)
     assert result.returncode == 0, f"{result.stderr}\n--- job.sh:\n{generated.stdout}"
     assert f"on nodes {slurm_cluster.host}" in result.stderr
+
+
+def test_sigusr1_to_the_launcher_in_a_batch_job_reaches_the_ranks_through_srun(slurm_cluster: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    """A scheduler's warning to ``ringtrain run`` inside a batch job: the launcher passes it to its srun
+    step, srun to its tasks (the node agents), each agent to its ranks; they exit 75 and so does the job."""
+    warned = ("import os, signal, sys, time\n"
+              "def warned(signum, frame):\n"
+              "    open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK']), 'w').write(str(signum))\n"
+              "    sys.exit(75)\n"
+              "signal.signal(signal.SIGUSR1, warned)\n"
+              "open(os.path.join(sys.argv[1], 'ready' + os.environ['RANK']), 'w').close()\n"
+              "time.sleep(300)\n")
+    code = (
+        "import os, signal, sys, threading, time\n"
+        "from ringtrain.launch.config import LaunchConfig\n"
+        "from ringtrain.launch.driver import relaunch_with_srun\n"
+        "from ringtrain.launch.plan import SrunPlan\n"
+        "def warn():\n"
+        "    while len([n for n in os.listdir('.') if n.startswith('ready')]) < 2:\n"
+        "        time.sleep(0.1)\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "threading.Thread(target=warn, daemon=True).start()\n"
+        f"config = LaunchConfig(command=(sys.executable, '-c', {warned!r}, {str(tmp_path)!r}))\n"
+        "sys.exit(relaunch_with_srun(config, SrunPlan(nnodes=1, nproc_per_node=2)))\n")
+    result = slurm_cluster.run([sys.executable, "-c", code], timeout=300, cwd=tmp_path)
+    assert result.returncode == 75, result.stdout + result.stderr
+    assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0", "rank1"], result.stderr
+    assert "stopped on request with exit status 75" in result.stderr

@@ -169,3 +169,25 @@ def test_restarts_that_run_out_report_the_first_failure_and_every_attempt(tmp_pa
     for attempt in range(3):
         assert f"    attempt {attempt} ended " in err
     assert "no restart left" in err
+
+
+def test_the_agents_folder_is_named_for_its_host_and_pid_and_a_dead_agents_goes(tmp_path, monkeypatch):
+    # A far host's agent killed with SIGKILL leaves its folder; the next agent there removes it.
+    import subprocess
+
+    from ringtrain.launch import agent, temp_folders
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(temp_folders.tempfile, "tempdir", None)  # read TMPDIR again
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=60)
+    tag = temp_folders._host_tag()
+    stale = tmp_path / f"{agent.RUN_FOLDER_PREFIX}{tag}-{gone.pid}-x1"
+    (stale / "ringtrain").mkdir(parents=True)
+    live = tmp_path / f"{agent.RUN_FOLDER_PREFIX}{tag}-{os.getppid()}-x2"
+    live.mkdir()
+    mine = agent.run_folder()
+    assert mine.parent == tmp_path
+    assert mine.name.startswith(f"{agent.RUN_FOLDER_PREFIX}{tag}-{os.getpid()}-")
+    assert not stale.exists()
+    assert live.is_dir()

@@ -217,6 +217,40 @@ def test_a_second_ctrl_c_at_a_multi_host_driver_kills_every_hosts_ranks(tmp_path
         proc.wait()
 
 
+#: A rank that answers SIGUSR1 as the Trainer does: it notes it (a file named for its rank) and exits 75.
+WARNED = ("import os, signal, sys, time\n"
+          "def warned(signum, frame):\n"
+          "    open(os.path.join(sys.argv[1], 'rank' + os.environ['RANK']), 'w').write(str(signum))\n"
+          "    sys.exit(75)\n"
+          "signal.signal(signal.SIGUSR1, warned)\n"
+          "open(os.path.join(sys.argv[1], 'ready' + os.environ['RANK']), 'w').close()\n"
+          "time.sleep(600)\n")
+
+
+@pytest.mark.slow
+def test_sigusr1_to_the_launcher_reaches_every_rank_and_the_job_exits_75(tmp_path):
+    # One node: the agent passes it on to its ranks. The driver's way (-H, over each agent's link) is
+    # tests/integration/test_failures.py's, across ssh, which covers the local agent's link as well.
+    proc = subprocess.Popen([sys.executable, "-m", "ringtrain.cli.main", "run", "-np", "2", sys.executable,
+                             "-c", WARNED, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert wait_until(lambda: len(list(tmp_path.glob("ready*"))) == 2 or proc.poll() is not None)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        proc.send_signal(signal.SIGUSR1)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read().decode()
+        assert code == 75, err
+        assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0", "rank1"], err
+        assert all(p.read_text() == str(int(signal.SIGUSR1)) for p in tmp_path.glob("rank*"))
+        assert "stopped on request with exit status 75" in err
+        assert "Root cause" not in err  # a requested stop is no failure
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.mark.slow
 def test_a_driven_agent_stops_its_ranks_when_the_driver_falls_silent(tmp_path, monkeypatch):
     # The driver beats on the agent's stdin; a link cut leaves the pipe open but silent.
@@ -279,6 +313,26 @@ def test_relaunch_with_srun_hands_each_task_the_config(tmp_path, monkeypatch):
     assert task.output_filename == os.path.abspath("logs")
     assert (task.command, task.tuning, task.notes) == (config.command, config.tuning, ())
     assert task.driver is None  # each task is an agent of its own, reporting for itself
+
+
+def test_relaunch_with_srun_passes_sigusr1_on_to_srun(tmp_path, monkeypatch):
+    # srun passes the signals it gets on to its tasks (the node agents); ours must reach srun first. This
+    # srun signals its parent (this process, the launcher) once its handler is in place.
+    srun = tmp_path / "srun"
+    srun.write_text(f"#!{sys.executable}\nimport os, signal, sys, time\n"
+                    "def got(signum, frame):\n"
+                    f"    open({str(tmp_path / 'got')!r}, 'w').write(signal.Signals(signum).name)\n"
+                    "    sys.exit(75)\n"
+                    "signal.signal(signal.SIGUSR1, got)\n"
+                    "os.kill(os.getppid(), signal.SIGUSR1)\n"
+                    "time.sleep(60)\n"
+                    "sys.exit(1)\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    before = signal.getsignal(signal.SIGUSR1)
+    assert driver.relaunch_with_srun(LaunchConfig(command=("x",)), SrunPlan(nnodes=2, nproc_per_node=1)) == 75
+    assert (tmp_path / "got").read_text() == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) == before
 
 
 def test_relaunch_without_srun_is_a_usage_error(tmp_path, monkeypatch):

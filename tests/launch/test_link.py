@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,10 +94,11 @@ while True:
 """
 
 
-def start_child(silence_s: float, grace_s: float) -> tuple[subprocess.Popen, int]:
+def start_child(silence_s: float, grace_s: float, tmp: Path | None = None) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "TMPDIR": str(tmp)} if tmp is not None else None
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(silence_s), str(grace_s)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     grandchild = int(proc.stdout.readline())
     return proc, grandchild
 
@@ -126,8 +128,27 @@ def test_a_kill_request_kills_the_child_and_its_children_at_once():
 
 
 @pytest.mark.slow
-def test_a_silent_driver_stops_the_child_which_exits_after_its_grace():
-    proc, grandchild = start_child(silence_s=1, grace_s=1)
+def test_a_signal_request_goes_to_the_child_and_its_children():
+    proc, grandchild = start_child(silence_s=600, grace_s=600)
+    try:
+        assert link.ALIVE_LINE in proc.stderr.readline().decode()  # it beats
+        end = link.DriverEnd(proc.stdin)
+        assert end.forward(signal.SIGUSR1)
+        assert proc.wait(timeout=30) == -signal.SIGUSR1  # neither handles it: its default ends them
+        assert wait_until(lambda: not alive(grandchild))
+    finally:
+        finish(proc, grandchild)
+
+
+def test_a_signal_request_naming_no_signal_is_ignored():
+    sent = []
+    link.forward_request(b"signal SIGNOPE", lambda: sent.append("asked") or [])
+    assert sent == []
+
+
+@pytest.mark.slow
+def test_a_silent_driver_stops_the_child_which_exits_after_its_grace(tmp_path):
+    proc, grandchild = start_child(silence_s=1, grace_s=1, tmp=tmp_path)
     try:
         proc.stdin.write(b"\n")  # one beat: from now on the driver's silence counts
         proc.stdin.flush()
@@ -135,18 +156,24 @@ def test_a_silent_driver_stops_the_child_which_exits_after_its_grace():
         err = proc.stderr.read().decode()
         assert ("host hostX: no word from the launcher for 1 s (RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is "
                 "unreachable or the network to it is cut; stopping this worker.") in err
+        # across a cut link that line reaches nobody: the host keeps it in its log too
+        noted = (tmp_path / f"ringtrain-agents-{os.getuid()}.log").read_text()
+        assert f"host hostX pid {proc.pid}: no word from the launcher for 1 s" in noted
     finally:
         finish(proc, grandchild)
 
 
 @pytest.mark.slow
-def test_end_of_file_stops_a_child_that_never_heard_a_beat():
-    proc, grandchild = start_child(silence_s=1, grace_s=1)
+def test_end_of_file_stops_a_child_that_never_heard_a_beat(tmp_path):
+    proc, grandchild = start_child(silence_s=1, grace_s=1, tmp=tmp_path)
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=3)  # three times the limit without a beat: silence is not judged
         proc.stdin.close()
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert "the launcher closed the link" in proc.stderr.read().decode()
+        noted = (tmp_path / f"ringtrain-agents-{os.getuid()}.log").read_text()
+        assert "the launcher closed the link" in noted
     finally:
         finish(proc, grandchild)
 

@@ -11,6 +11,7 @@ from ringtrain.launch.report import (
     format_earlier_attempts,
     format_report,
     no_gpu_hint,
+    preempted,
 )
 
 
@@ -115,3 +116,12 @@ def test_other_ranks_that_said_why_they_stopped_get_a_line_each_and_repeats_none
     assert also == ["  also       : rank 1 on hostB exit code 2 "
                     "(rank 0 failed writing a snapshot: ... (ENOSPC))"]
     assert text.count("No space left on device") == 1
+
+
+def test_ranks_that_all_stopped_with_75_or_were_stopped_after_are_preempted_not_failed():
+    assert preempted([failure(0, 1.0, exitcode=75), failure(1, 1.2, exitcode=75)])
+    assert preempted([failure(0, 1.0, exitcode=75), failure(1, 2.0, exitcode=-signal.SIGTERM)])
+    assert not preempted([failure(0, 1.0, exitcode=75), failure(1, 0.5, exitcode=1)])  # a real failure
+    assert not preempted([failure(0, 1.0, exitcode=75), failure(1, 2.0, exitcode=-signal.SIGKILL)])
+    assert not preempted([failure(0, 1.0, exitcode=-signal.SIGTERM)])
+    assert not preempted([])

@@ -14,16 +14,26 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.environ import patched_environ
-from ringtrain.launch.report import RankFailure, asks_for_gpu, earliest, format_report, no_gpu_hint
+from ringtrain.launch.forwarding import forwarding, signal_pids
+from ringtrain.launch.report import (
+    PREEMPTED_EXIT,
+    RankFailure,
+    asks_for_gpu,
+    earliest,
+    format_report,
+    no_gpu_hint,
+    preempted,
+    preempted_line,
+)
 from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
@@ -121,6 +131,22 @@ def kept_signal_handlers() -> Iterator[None]:
                 signal.signal(getattr(signal, name), handler)
 
 
+#: Prefix of an agent's temporary folder (the ranks' logs and error files when there is no --log-dir).
+RUN_FOLDER_PREFIX = "ringtrain-run-"
+
+
+def run_folder() -> Path:
+    """A new temporary folder for this agent's ranks, named for this host and pid.
+
+    An agent killed with SIGKILL (an OOM kill, a far host's agent whose launcher killed it) cannot
+    remove its folder; the next agent started on the host removes those whose agent is gone
+    (:mod:`ringtrain.launch.temp_folders`), as the launchers' own folders are.
+    """
+    from ringtrain.launch.temp_folders import make_temp_folder
+
+    return make_temp_folder(RUN_FOLDER_PREFIX)
+
+
 def _tail(path: str | None, lines: int = 20) -> str:
     if not path or not os.path.isfile(path):
         return ""
@@ -178,7 +204,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.stopping import StopGuard
 
     host = spec.host or socket.gethostname()
-    log_dir = spec.log_dir or tempfile.mkdtemp(prefix="ringtrain-run-")
+    log_dir = spec.log_dir or str(run_folder())
     relay = ConsoleRelay(sys.stdout, sys.stderr)
     logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
                          relay=relay)
@@ -218,7 +244,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     history: list[tuple[Restart, list[RankFailure]]] = []
     agents: list[GroupAgent] = []
     # A driver that started this agent speaks to the user itself; a signal reaches us from it.
-    guard = StopGuard(lambda: agents[0].rank_pids() if agents else [], interactive=not spec.failure_marker)
+    guard = StopGuard(lambda: ranks_now(), interactive=not spec.failure_marker)
 
     def on_restart(restart: Restart) -> None:
         failures = [_failure_from(rank, pf, host, _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
@@ -226,8 +252,20 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         history.append((restart, failures))
         print(f"ringtrain run: {_restart_line(restart, failures, host)}", file=sys.stderr, flush=True)
 
+    def ranks_now() -> list[int]:
+        return agents[0].rank_pids() if agents else []
+
+    def forward(signum: int) -> None:
+        # An srun task's signals reach every process of its step from Slurm itself (the ranks too); a
+        # second copy from here could arrive while a rank exits, when Python has put the default action
+        # back, and kill it with that signal instead of its own status.
+        if not os.environ.get("SLURM_STEP_ID"):
+            signal_pids(ranks_now(), signum)
+
     try:
-        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers():
+        # A scheduler's warning (SIGUSR1) to this agent goes on to its ranks (launch/forwarding.py).
+        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
+                forwarding(forward):
             relay.start()
             try:
                 if meeting is not None:
@@ -255,6 +293,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
                     for rank, pf in exc.failures.items()]
         root = earliest(failures)
         assert root is not None
+        if preempted(failures):
+            return _preempted(spec, root, failures)
         if history:
             root = _with_history(root, history)
         _emit(spec, root, failures)
@@ -287,6 +327,15 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         if not spec.log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
         guard.finish()
+
+
+def _preempted(spec: NodeSpec, root: RankFailure, failures: list[RankFailure]) -> int:
+    if spec.failure_marker:  # the driver says it, once for every host
+        print(root.to_marker(), file=sys.stderr, flush=True)
+    else:
+        line = preempted_line(f"{len(failures)} rank(s)")
+        print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
+    return PREEMPTED_EXIT
 
 
 def _restart_line(restart: Any, failures: list[RankFailure], host: str) -> str:

@@ -30,12 +30,20 @@ from ringtrain.exceptions import SettingError, UsageError
 from ringtrain.launch import link, store_host, supervision
 from ringtrain.launch.agent import NodeSpec, run_node
 from ringtrain.launch.config import DriverLink, LaunchConfig, exported_values, worker_environment
+from ringtrain.launch.forwarding import forwarding
 from ringtrain.launch.hosts import HostSlots, assign_slots, is_local_host, is_loopback_name, nodes_of
 from ringtrain.launch.places import PLACES
 from ringtrain.launch.places.srun import srun_command
 from ringtrain.launch.plan import HostsPlan, NodePlan, SrunPlan, resolve_plan
 from ringtrain.launch.remote import forwarded_environment, probe_hosts
-from ringtrain.launch.report import RankFailure, earliest, format_report
+from ringtrain.launch.report import (
+    PREEMPTED_EXIT,
+    RankFailure,
+    earliest,
+    format_report,
+    preempted,
+    preempted_line,
+)
 from ringtrain.launch.stopping import stopping_line
 from ringtrain.launch.worker_entry import is_python
 
@@ -219,7 +227,8 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
     step = PLACES["srun"]("srun", srun, env)
     try:
-        return step.wait()
+        with forwarding(step.forward_signal):  # srun passes them on to every node's agent
+            return step.wait()
     except KeyboardInterrupt:
         step.stop()
         return step.wait()
@@ -276,7 +285,8 @@ class HostsJob:
 
     def run(self) -> int:
         try:
-            with self.signals:
+            # a scheduler's warning (SIGUSR1) goes on to every host's agent, which passes it to its ranks
+            with self.signals, forwarding(lambda signum: [a.forward_signal(signum) for a in self.agents]):
                 self.start_agents()
                 if self.watch():
                     self.stop()
@@ -351,6 +361,9 @@ class HostsJob:
         # ranks: killed, or their host became unreachable. Such an event can be the root cause too.
         lost = [self.lost(k) for k, agent in enumerate(self.agents)
                 if k in self.ended_early and agent.host not in reported]
+        if not lost and preempted(self.failures):
+            say(preempted_line(f"the ranks of {len(self.failures)} host(s)"))
+            return PREEMPTED_EXIT
         root = earliest([*self.failures, *lost])
         if root is None:
             broken = [k for k, agent in enumerate(self.agents) if agent.poll() not in (0, None)]

@@ -7,8 +7,9 @@ carries and the driver already holds:
   live with the rest of the job store's secret in :mod:`ringtrain.launch.store_host`), never on a
   command line.
 * **Requests**, each on a line of its own on the child's stdin: :data:`STOP_REQUEST` (stop the ranks as
-  on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver). An empty line is a
-  heartbeat; end-of-file means "stop" too (the driver is gone).
+  on SIGTERM), :data:`KILL_REQUEST` (kill them now: a second Ctrl-C at the driver), ``signal NAME``
+  (:data:`SIGNAL_REQUEST`: send the signal to every rank, e.g. a scheduler's SIGUSR1 warning). An
+  empty line is a heartbeat; end-of-file means "stop" too (the driver is gone).
 * **Heartbeats both ways**: the driver writes an empty line every :data:`BEAT_INTERVAL` seconds at most,
   the child writes :data:`ALIVE_LINE` on its stderr as often. Each side gives the other up after
   :func:`contact_timeout` seconds of silence (once it has heard from it at all: a child that never
@@ -25,11 +26,14 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import IO
 
+from ringtrain.launch.forwarding import signal_pids
 from ringtrain.launch.stopping import kill_process_groups
 from ringtrain.launch.store_host import read_secret, send_secret
 
@@ -39,11 +43,14 @@ BEAT_INTERVAL = 1.0
 ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 #: Requests a driver writes on a child's stdin, each on a line of its own (see the module doc).
 STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
+#: ``signal NAME`` (``signal SIGUSR1``): pass that signal on to the ranks (launch/forwarding.py).
+SIGNAL_REQUEST = b"signal"
 
 
-__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "STOP_REQUEST", "DriverEnd", "beat_interval",
-           "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone", "live_children",
-           "read_secret", "send_secret", "watch_driver"]
+__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "SIGNAL_REQUEST", "STOP_REQUEST", "DriverEnd",
+           "beat_interval", "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone",
+           "forward_request", "host_log_path", "live_children", "note_on_host", "read_secret", "send_secret",
+           "watch_driver"]
 
 
 def beat_interval(peer_timeout: float) -> float:
@@ -129,6 +136,13 @@ class DriverEnd:
         if not (self.talks and self.request(STOP_REQUEST)):
             self.close()
 
+    def forward(self, signum: int) -> bool:
+        """Ask the child to send ``signum`` to its ranks; False where it does not speak the link (or the
+        request cannot be written)."""
+        if not self.talks:
+            return False
+        return self.request(SIGNAL_REQUEST + b" " + signal.Signals(signum).name.encode())
+
     def kill(self) -> bool:
         """A kill request, then end-of-file; False where the child does not speak the link."""
         self.stopping = True
@@ -168,7 +182,8 @@ def beat_to_driver(interval: float) -> threading.Thread:
 
 def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[int]],
                  after_stop: Callable[[], None], whose: str = "the ranks of this host") -> threading.Thread:
-    """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks.
+    """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks; send them a signal
+    when it asks (:data:`SIGNAL_REQUEST`).
 
     :data:`STOP_REQUEST` or end-of-file on stdin means SIGTERM to ourselves (torch's agent then stops
     its ranks; an elastic worker's own handlers run); :data:`KILL_REQUEST` means SIGKILL to every
@@ -183,6 +198,7 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
     """
     def watch() -> None:
         heard, last, stopping, partial = False, time.monotonic(), False, b""
+        reason = ""
         # os.read on the raw descriptor: a daemon thread blocked in sys.stdin would hold its lock at exit.
         with contextlib.suppress(OSError, ValueError):
             while True:
@@ -190,27 +206,70 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
                 if ready:
                     data = os.read(0, 4096)
                     if not data:
+                        reason = (f"the launcher closed the link (it ended, or its ssh session did); "
+                                  f"stopping {whose}.")
                         break
                     heard, last = True, time.monotonic()
                     *lines, partial = (partial + data).split(b"\n")
                     if KILL_REQUEST in lines:
                         kill_process_groups(ranks())
                         break
+                    for line in lines:
+                        if line.startswith(SIGNAL_REQUEST + b" "):
+                            forward_request(line, ranks)
                     if STOP_REQUEST in lines and not stopping:
                         stopping = True
                         os.kill(os.getpid(), signal.SIGTERM)
                 elif heard and not stopping and time.monotonic() - last > silence_s:
-                    print(f"ringtrain run: host {host}: no word from the launcher for {silence_s:g} s "
-                          "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to it "
-                          f"is cut; stopping {whose}.", file=sys.stderr, flush=True)
+                    reason = (f"no word from the launcher for {silence_s:g} s "
+                              "(RINGTRAIN_PEER_TIMEOUT_SECONDS): its host is unreachable or the network to "
+                              f"it is cut; stopping {whose}.")
                     break
         if not stopping:
+            # Said here too: across a cut link (or with the launcher gone) the stderr line reaches nobody.
+            if reason:
+                note_on_host(host, reason)
+                # On a thread of its own: the stop must not wait on this line (a launcher gone leaves a
+                # broken pipe; a cut link, an ssh whose pipe may fill and block the write).
+                threading.Thread(target=_say, args=(f"ringtrain run: host {host}: {reason}",),
+                                 name="ringtrain-stop-reason", daemon=True).start()
             os.kill(os.getpid(), signal.SIGTERM)
         after_stop()
 
     thread = threading.Thread(target=watch, name="ringtrain-stdin-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def forward_request(line: bytes, ranks: Callable[[], Iterable[int]]) -> None:
+    """``signal NAME``: send that signal to ``ranks()``; a name that is no signal is ignored (a newer
+    driver's request this child does not know)."""
+    name = line[len(SIGNAL_REQUEST):].strip().decode(errors="replace")
+    signum = getattr(signal.Signals, name, None)
+    if signum is not None:
+        signal_pids(ranks(), signum)
+
+
+#: The file on each host where an agent (or elastic worker) notes why it stopped on its own.
+HOST_LOG_NAME = "ringtrain-agents-{uid}.log"
+
+
+def host_log_path() -> Path:
+    """This user's log of stops decided on this host, in the temporary directory (``$TMPDIR``)."""
+    return Path(tempfile.gettempdir()) / HOST_LOG_NAME.format(uid=os.getuid())
+
+
+def note_on_host(host: str, reason: str) -> None:
+    """Append one line (time, host, pid, reason) to :func:`host_log_path`: the far side's record of why it
+    stopped when its stderr could not reach the launcher. Never fails the stop."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with contextlib.suppress(OSError), open(host_log_path(), "a") as log:
+        log.write(f"{when} host {host} pid {os.getpid()}: {reason}\n")
 
 
 def exit_when_children_gone() -> None:

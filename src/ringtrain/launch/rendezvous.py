@@ -449,8 +449,10 @@ class NodeMeeting:
 
     def close(self, handler: RendezvousHandler | None) -> None:
         """Let the other nodes read why the rendezvous was closed (node 0 only), then close everything."""
+        # Only other nodes read the reason: alone in the job (one node), there is no one to wait for (this
+        # wait held a one-host launcher 5 s after its failure report).
         if (self.server is not None and self.client is not None and isinstance(handler, RingtrainRendezvous)
-                and handler.closed_reason() is not None):
+                and self.view.nnodes > 1 and handler.joined > 1 and handler.closed_reason() is not None):
             wait_for_acknowledgements(self.client, handler.joined, limit=5.0)
         if self.client is not None:
             self.client.close()

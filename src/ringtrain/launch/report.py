@@ -19,6 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 MARKER = "@@RINGTRAIN_FAILURE@@ "
+#: A rank's status after it stopped on request with its snapshot written (the Trainer's; sysexits'
+#: EX_TEMPFAIL, "try again later"). ``ringtrain run`` exits with it when its ranks did.
+PREEMPTED_EXIT = 75
 
 #: Words in an error that mean the rank asked for a GPU (CUDA tensors, NCCL, the NVIDIA driver).
 _GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
@@ -180,3 +183,18 @@ def format_earlier_attempts(attempts: Sequence[tuple[int, float, Sequence[RankFa
         if first.hint:
             lines.append(f"    hint: {first.hint}")
     return "\n".join(lines)
+
+
+def preempted(failures: list[RankFailure]) -> bool:
+    """The ranks stopped on request, resumably: the first to end exited with :data:`PREEMPTED_EXIT` (the
+    Trainer's status after its snapshot), and the others with it too, or by the SIGTERM that stopped
+    them once it had."""
+    first = earliest(failures)
+    return (first is not None and first.exitcode == PREEMPTED_EXIT
+            and all(f.exitcode in (PREEMPTED_EXIT, -signal.SIGTERM) for f in failures))
+
+
+def preempted_line(who: str) -> str:
+    """What a launcher says when its ranks (``who``: "2 rank(s)") stopped with :data:`PREEMPTED_EXIT`."""
+    return (f"{who} stopped on request with exit status {PREEMPTED_EXIT} (preempted: a snapshot was "
+            "written where they save one); the job can be resumed by running it again.")

@@ -7,6 +7,7 @@ place to start a command with an environment and gets a :class:`RankGroup` back,
 * the group's output reaches this process's stdout/stderr line by line (the lines carry their rank
   prefix from where they were written); a tail of its stderr is kept for reports;
 * its exit status (:meth:`RankGroup.poll`);
+* :meth:`~RankGroup.forward_signal` passes a signal on to its ranks (:mod:`ringtrain.launch.forwarding`);
 * :meth:`~RankGroup.stop` asks its ranks to stop; :func:`stop_all` gives them
   :data:`SHUTDOWN_GRACE` seconds, kills them at once on a second Ctrl-C (:class:`StopSignals`) and
   kills what is left after the grace;
@@ -117,6 +118,11 @@ class RankGroup(ABC):
     @abstractmethod
     def join_output(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for the group's last output to be relayed."""
+
+    def forward_signal(self, signum: int) -> bool:
+        """Pass ``signum`` on to every rank of the group (launch/forwarding.py); False where this place
+        cannot (the default)."""
+        return False
 
     def unreachable(self) -> bool:
         """The place could not be reached at all (nothing of the ranks ran), as far as its exit says."""
@@ -238,6 +244,9 @@ class ProcessGroup(RankGroup):
     # --- ending ----------------------------------------------------------------------------------
     def stop(self) -> None:
         self.link.stop()
+
+    def forward_signal(self, signum: int) -> bool:
+        return self.proc.poll() is None and self.link.forward(signum)
 
     def kill_ranks(self) -> None:
         if not self.link.kill():

@@ -383,7 +383,11 @@ def _say_preempted(what: str) -> int:
 @contextlib.contextmanager
 def _forwarded_as_stop(job: TrainJob) -> Iterator[None]:
     """The handled signals the launcher does not stop on itself (SIGUSR1) become its SIGTERM, which it
-    passes to every rank and gives them their grace: the ranks handle it as the same graceful stop."""
+    passes to every rank and gives them their grace: the ranks handle it as the same graceful stop.
+
+    While the ranks run under the launcher's agent, the agent's own handlers take SIGUSR1 and SIGUSR2
+    instead and pass them on as themselves (launch/forwarding.py); this covers the rest (the elastic
+    driver, the start-up before the agent, other handled signals)."""
     from ringtrain.launch.stopping import STOP_SIGNALS
     from ringtrain.train.preemption import parse_signals
 

@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 #: Exit status of a rank (and of ``ringtrain train``) that stopped for a handled signal after writing
-#: its snapshot: sysexits' EX_TEMPFAIL, "try again later" - a requeued job resumes.
-PREEMPTED_EXIT = 75
+#: its snapshot: sysexits' EX_TEMPFAIL, "try again later" - a requeued job resumes. The launcher's
+#: (launch/report.py) so that ``ringtrain run`` knows it too.
+from ringtrain.launch.report import PREEMPTED_EXIT
+
 #: The signals the Trainer handles unless told otherwise (torchrun's ``--signals-to-handle`` spelling).
 DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
 #: What a rank adds to the agreement's sum when its allocation ends within the margin (not a signal).

@@ -36,6 +36,14 @@ class SrunStep(ProcessGroup):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
 
+    def forward_signal(self, signum: int) -> bool:
+        """srun passes the signals it gets on to its tasks (the node agents, which pass them to their
+        ranks)."""
+        if self.proc.poll() is not None:
+            return False
+        self.proc.send_signal(signum)
+        return True
+
     def kill_ranks(self) -> None:
         self.stop()  # srun takes a second SIGINT within a second as "cancel the step"
 
