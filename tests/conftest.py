@@ -20,8 +20,24 @@ def cuda_missing_reason() -> str | None:
             "-m cuda` on a machine with a GPU and a CUDA build of torch (docs/gpu.md)")
 
 
+# Tests that share one machine-wide resource run on one xdist worker, in file order: the namespace
+# hosts and the Slurm cluster of tests/integration/ (session fixtures: two workers would each build
+# them with the same names), and the local Ray cluster of tests/ray/.
+_SHARED_RESOURCE_GROUPS = {"integration": "hosts", "ray": "ray"}
+
+
+def _group_by_shared_resource(items: list[pytest.Item]) -> None:
+    for item in items:
+        top = item.path.parent.name
+        group = _SHARED_RESOURCE_GROUPS.get(top)
+        if group is not None and item.path.parent.parent.name == "tests":
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip every test marked ``cuda`` (also through a parameter's marks) where there is no GPU."""
+    """Group the tests of shared resources for xdist; skip every test marked ``cuda`` (also through a
+    parameter's marks) where there is no GPU."""
+    _group_by_shared_resource(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
