@@ -22,8 +22,9 @@ def cuda_missing_reason() -> str | None:
 
 # Tests that share one machine-wide resource run on one xdist worker, in file order: the namespace
 # hosts and the Slurm cluster of tests/integration/ (session fixtures: two workers would each build
-# them with the same names), and the local Ray cluster of tests/ray/.
-_SHARED_RESOURCE_GROUPS = {"integration": "hosts", "ray": "ray"}
+# them with the same names), the local Ray cluster of tests/ray/ and the local Spark JVMs of
+# tests/spark/ (one at a time is all two cores take).
+_SHARED_RESOURCE_GROUPS = {"integration": "hosts", "ray": "ray", "spark": "spark"}
 
 
 def _group_by_shared_resource(items: list[pytest.Item]) -> None:

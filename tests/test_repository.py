@@ -53,7 +53,7 @@ def test_the_readme_needs_two_commands_on_a_fresh_machine() -> None:
     test_steps = _steps(test)
     assert test_steps[0] == "bash .ci/system-setup"
     assert "pip install -e '.[test,ray,spark]'" in test_steps
-    assert test_steps[-1] == "python -m pytest"
+    assert test_steps[-1] == "python -m pytest -n auto"
     torch_pins = {s for s in train_steps + test_steps + _ci_commands() if s.startswith("pip install torch")}
     assert len(torch_pins) == 1, f"one torch pin everywhere, not {torch_pins}"
 
