@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ringtrain.engine import auth
-from ringtrain.engine.job_store import split_address
+from ringtrain.engine.rank_env import rank_variables
 
 
 @dataclass(frozen=True)
@@ -68,36 +67,13 @@ def worker_environ(place: RankPlace, store_address: str, gloo_timeout_s: float,
     read from ``CROSS_SIZE``, which is per local rank. ``extra`` (the user's ``extra_env_vars``) is
     applied last, so it may override any of them.
     """
-    host, port = split_address(store_address)
-    env = {
-        "RANK": str(place.rank),
-        "WORLD_SIZE": str(place.size),
-        "LOCAL_RANK": str(place.local_rank),
-        "LOCAL_WORLD_SIZE": str(place.local_size),
-        "GROUP_RANK": str(place.node_rank),
-        "CROSS_RANK": str(place.cross_rank),
-        "CROSS_SIZE": str(place.cross_size),
-        "MASTER_ADDR": host,
-        "MASTER_PORT": str(port),
-        auth.ENV_ADDRESS: store_address,
-        "HOROVOD_RANK": str(place.rank),
-        "HOROVOD_SIZE": str(place.size),
-        "HOROVOD_LOCAL_RANK": str(place.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(place.local_size),
-        "HOROVOD_CROSS_RANK": str(place.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(place.cross_size),
-        "HOROVOD_HOSTNAME": place.node.hostname,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = rank_variables(rank=place.rank, size=place.size, local_rank=place.local_rank,
+                         local_size=place.local_size, node_rank=place.node_rank, cross_rank=place.cross_rank,
+                         cross_size=place.cross_size, hostname=place.node.hostname,
+                         store_address=store_address, gloo_timeout_s=gloo_timeout_s)
     if nics:
         env["GLOO_SOCKET_IFNAME"] = ",".join(nics)
     for key, value in (extra or {}).items():
         env[str(key)] = str(value)
     return env
 
-
-def _seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ringtrain.engine import auth
-from ringtrain.engine.job_store import split_address
+from ringtrain.engine.rank_env import rank_variables
 
 
 @dataclass(frozen=True)
@@ -71,34 +70,11 @@ def rank_environ(place: TaskPlace, store_address: str, gloo_timeout_s: float, at
     a retried stage never reads the keys of the attempt before it. ``extra`` (the caller's ``env``) is
     applied first, so it cannot break the job's own names.
     """
-    host, port = split_address(store_address)
     env = {str(k): str(v) for k, v in (extra or {}).items()}
-    env.update({
-        "RANK": str(place.rank),
-        "WORLD_SIZE": str(place.size),
-        "LOCAL_RANK": str(place.local_rank),
-        "LOCAL_WORLD_SIZE": str(place.local_size),
-        "GROUP_RANK": str(place.cross_rank),
-        "CROSS_RANK": str(place.cross_rank),
-        "CROSS_SIZE": str(place.cross_size),
-        "MASTER_ADDR": host,
-        "MASTER_PORT": str(port),
-        "RINGTRAIN_ATTEMPT": str(attempt),
-        auth.ENV_ADDRESS: store_address,
-        "HOROVOD_RANK": str(place.rank),
-        "HOROVOD_SIZE": str(place.size),
-        "HOROVOD_LOCAL_RANK": str(place.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(place.local_size),
-        "HOROVOD_CROSS_RANK": str(place.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(place.cross_size),
-        "HOROVOD_HOSTNAME": place.host,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(rank_variables(rank=place.rank, size=place.size, local_rank=place.local_rank,
+                              local_size=place.local_size, node_rank=place.cross_rank,
+                              cross_rank=place.cross_rank, cross_size=place.cross_size, hostname=place.host,
+                              store_address=store_address, gloo_timeout_s=gloo_timeout_s))
+    env["RINGTRAIN_ATTEMPT"] = str(attempt)
     return env
 
-
-def _seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
