@@ -192,6 +192,14 @@ class RayJob(HostsJob):
             self.agents.append(agent)
             start += node.slots
 
+    def outcome(self) -> int:
+        # A node lost while the job was stopping for another failure (the ranks elsewhere may notice
+        # first) is still part of the story, and often its start.
+        for k, agent in enumerate(self.agents):
+            if isinstance(agent, RayGroup) and agent.lost is not None:
+                self.ended_early.setdefault(k, agent.last_heard)
+        return super().outcome()
+
     def lost(self, k: int) -> RankFailure:
         """A node whose actor died went before the driver last heard from it: that time orders it among
         the ranks' failures (the ranks on other nodes fail after it, having lost their peers)."""

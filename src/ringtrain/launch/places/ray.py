@@ -38,6 +38,9 @@ from ringtrain.launch.supervision import TAIL_LINES, RankGroup, Reach
 LOST_EXIT = 255
 #: Seconds one output fetch waits for lines before it returns empty (a heartbeat arrives each second).
 FETCH_WAIT_S = 0.5
+#: Seconds a killed group's actor gets to end before Ray kills it (and as long again before the
+#: driver stops waiting for Ray's word).
+KILL_WAIT_S = 5.0
 #: Variables of the actor's own environment that the agent does not inherit: Ray sets
 #: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s.
 RAY_ONLY_VARIABLES = ("OMP_NUM_THREADS",)
@@ -76,18 +79,21 @@ class NodeAgentActor:
 
         return free_port()
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], secret: Sequence[Any]) -> int:
+    def start(self, argv: Sequence[str], env: Mapping[str, str], secret: Sequence[Any],
+              cwd: str | None = None) -> int:
         """Start the agent: ``argv`` with this actor's interpreter as ``argv[0]`` (the one that imported
-        ringtrain here), in this actor's environment with ``env`` on top; the job's secret (``secret``: a
-        one-element list holding an object reference, so that it never shows in Ray's task listings)
-        becomes the first line of its stdin. Returns the agent's pid."""
+        ringtrain here), in this actor's environment with ``env`` on top, in the folder ``cwd`` (the
+        driver's, as the ssh place does; this actor's own where this node has no such folder); the
+        job's secret (``secret``: a one-element list holding an object reference, so that it never
+        shows in Ray's task listings) becomes the first line of its stdin. Returns the agent's pid."""
         import ray
 
         environment = {k: v for k, v in os.environ.items() if k not in RAY_ONLY_VARIABLES}
         environment.update({str(k): str(v) for k, v in env.items()})
         pipe = subprocess.PIPE
         self.proc = subprocess.Popen([sys.executable, *list(argv)[1:]], env=environment, stdin=pipe,
-                                     stdout=pipe, stderr=pipe, start_new_session=True)
+                                     stdout=pipe, stderr=pipe, start_new_session=True,
+                                     cwd=cwd if cwd and os.path.isdir(cwd) else None)
         send_secret(self.proc.stdin, ray.get(secret[0]) if secret else None)
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.set_blocking(self.proc.stdin.fileno(), False)  # type: ignore[union-attr]
@@ -176,8 +182,12 @@ class RayGroup(RankGroup):
         self._heard_beat: float | None = None
         self._silent_for: float | None = None
         self._stopping = False
+        #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
+        self._killed_at: float | None = None
+        self._ray_killed = False
+        cwd = (reach or Reach()).cwd or os.getcwd()
         self._pid = int(ray.get(actor.start.remote(list(argv), dict(env or {}),
-                                                   [secret_ref] if secret_ref is not None else [])))
+                                                   [secret_ref] if secret_ref is not None else [], cwd)))
         self._relay = threading.Thread(target=self._fetch, name=f"ringtrain-ray-relay-{host}", daemon=True)
         self._relay.start()
 
@@ -190,8 +200,9 @@ class RayGroup(RankGroup):
             try:
                 lines, code = ray.get(self.actor.output.remote())
             except Exception as exc:  # noqa: BLE001 - Ray's actor errors: the node or the process went
-                self.lost = exc
-                self._end(LOST_EXIT)
+                if self._killed_at is None or not self._node_alive():
+                    self.lost = exc
+                self._end(LOST_EXIT if self.lost is not None else -signal.SIGKILL)
                 return
             self.last_heard = time.time()
             for is_err, line in lines:
@@ -209,6 +220,15 @@ class RayGroup(RankGroup):
                     self._write(held, True)
                 self._end(code)
                 return
+
+    def _node_alive(self) -> bool:
+        """Whether Ray still counts this group's node among the living (True where it cannot tell)."""
+        import ray
+
+        try:
+            return any(n.get("NodeID") == self.node.get("node_id") and n.get("Alive") for n in ray.nodes())
+        except Exception:  # noqa: BLE001 - the cluster itself may be gone
+            return True
 
     def _write(self, line: str, is_err: bool) -> None:
         with self.lock:
@@ -271,8 +291,22 @@ class RayGroup(RankGroup):
             self.actor.close_stdin.remote()
 
     def kill(self) -> None:
-        if self._code is None:
+        """SIGKILL to the agent's processes through the actor; an actor that does not end within
+        :data:`KILL_WAIT_S` is killed by Ray, and after as long again the group is given up here."""
+        import ray
+
+        if self._code is not None:
+            return
+        now = time.monotonic()
+        if self._killed_at is None:
+            self._killed_at = now
             self.actor.kill.remote()
+        elif now - self._killed_at > 2 * KILL_WAIT_S:
+            self._end(-signal.SIGKILL)  # Ray never told: nothing more will come from it
+        elif now - self._killed_at > KILL_WAIT_S and not self._ray_killed:
+            self._ray_killed = True
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor, no_restart=True)
 
     def unreachable(self) -> bool:
         return self.lost is not None
