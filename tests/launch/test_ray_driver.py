@@ -84,12 +84,27 @@ def test_a_placement_the_cluster_cannot_fit_names_asked_and_offered(local_cluste
     all_cpus_free()  # nothing stays reserved
 
 
+#: Fails rank 1 on the first attempt only (torch's agent counts the restarts for its ranks).
+FAILS_ONCE = SCRIPT + """
+if env["RANK"] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+    raise SystemExit("rank 1 fails on the first attempt")
+"""
+
+
 @pytest.mark.slow
-def test_nproc_per_node_puts_the_ranks_of_one_bundle_under_one_agent(local_cluster, capsys, script):
-    code = main(["run", "--ray", "-np", "2", "--nproc-per-node", "2", "python", script])
+def test_nproc_per_node_ranks_share_one_agent_which_restarts_them(local_cluster, capsys, tmp_path):
+    """One job for two points: --nproc-per-node 2 puts both ranks in one bundle under one agent, and
+    --max-restarts restarts them there as on any node."""
+    script = tmp_path / "fails_once.py"
+    script.write_text(FAILS_ONCE)
+    code = main(["run", "--ray", "-np", "2", "--nproc-per-node", "2", "--max-restarts", "1", "python",
+                 str(script)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    lines = sorted(re.findall(r"^\[\d\] rank=.*$", out, re.MULTILINE))
-    assert lines == ["[0] rank=0 local_rank=0 local_size=2 ray_imported=False",
-                     "[1] rank=1 local_rank=1 local_size=2 ray_imported=False"], out + err
+    lines = re.findall(r"^\[\d\] rank=.*$", out, re.MULTILINE)
+    assert sorted(lines) == ["[0] rank=0 local_rank=0 local_size=2 ray_imported=False"] * 2 + \
+        ["[1] rank=1 local_rank=1 local_size=2 ray_imported=False"] * 2, out + err  # two attempts
+    assert "attempt 0 failed" in err, err
+    assert "rank 1 fails on the first attempt" in err, err
+    assert "the job finished after 1 restart(s)" in err, err
     all_cpus_free()  # the placement group was removed, the actors are gone
