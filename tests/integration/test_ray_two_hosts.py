@@ -206,5 +206,5 @@ def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceH
     report = output[output.index("Root cause"):]
     assert "host       : hostB" in report, output[-4000:]
     assert re.search(r"lost Ray node \S+ \(host hostB.*with rank \d of the job", report), output[-4000:]
-    print(report)  # shown with pytest -rA: the report as a user reads it
+    print(f"the job ended {took:.1f} s after hostB's Ray node went:\n{report}")  # shown with pytest -rA
     assert took < 60, f"the job took {took:.0f} s to end after hostB's Ray node went\n{output[-4000:]}"

@@ -38,6 +38,9 @@ from ringtrain.launch.supervision import TAIL_LINES, RankGroup, Reach
 LOST_EXIT = 255
 #: Seconds one output fetch waits for lines before it returns empty (a heartbeat arrives each second).
 FETCH_WAIT_S = 0.5
+#: Seconds an actor may stay "unavailable" to Ray before its group counts as lost (Ray says so at
+#: once when the connection to the actor breaks; a node that is gone stays so).
+UNAVAILABLE_GRACE_S = 3.0
 #: Seconds a killed group's actor gets to end before Ray kills it (and as long again before the
 #: driver stops waiting for Ray's word).
 KILL_WAIT_S = 5.0
@@ -194,16 +197,24 @@ class RayGroup(RankGroup):
     # --- output ----------------------------------------------------------------------------------
     def _fetch(self) -> None:
         import ray
+        from ray.exceptions import ActorUnavailableError
 
-        held = ""
+        held, failing_since = "", None
         while True:
             try:
                 lines, code = ray.get(self.actor.output.remote())
             except Exception as exc:  # noqa: BLE001 - Ray's actor errors: the node or the process went
+                # "unavailable" may pass (a blip of the network): asked again for a few seconds first
+                failing_since = failing_since or time.monotonic()
+                if isinstance(exc, ActorUnavailableError) and self._killed_at is None \
+                        and time.monotonic() - failing_since < UNAVAILABLE_GRACE_S:
+                    time.sleep(FETCH_WAIT_S)
+                    continue
                 if self._killed_at is None or not self._node_alive():
                     self.lost = exc
                 self._end(LOST_EXIT if self.lost is not None else -signal.SIGKILL)
                 return
+            failing_since = None
             self.last_heard = time.time()
             for is_err, line in lines:
                 if is_err:
