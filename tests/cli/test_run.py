@@ -438,6 +438,7 @@ PUBLIC_FLAGS = {
     "--max-num-proc",
     "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
     "--blacklist-cooldown-range", "--oversubscribe",
+    "--ray", "--ray-cpus-per-rank", "--ray-gpus-per-rank", "--ray-placement-timeout",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}

@@ -101,6 +101,15 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
     except cluster.PlacementTimeoutError as exc:
         print(f"ringtrain run: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray's errors of actors that did not come up, said in one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        print(f"ringtrain run: error: the node agents' actors did not start on the Ray cluster "
+              f"({type(exc).__name__}: {first}). HINT: install the same ringtrain (and torch) on every Ray "
+              "node, in the Python the cluster runs; see Ray's logs of the node named above.",
+              file=sys.stderr, flush=True)
+        return 1
     try:
         return RayJob(config, environ, placement).run()
     finally:
