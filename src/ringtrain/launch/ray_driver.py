@@ -26,8 +26,9 @@ from ringtrain.launch import store_host
 from ringtrain.launch.config import LaunchConfig, exported_values
 from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
 from ringtrain.launch.hosts import HostSlots
-from ringtrain.launch.places.ray import NodeAgentActor, RayGroup
+from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.plan import HostsPlan
+from ringtrain.launch.ray_actor import NodeAgentActor
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
 
