@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    load_before = os.getloadavg()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     address = ray.get_runtime_context().gcs_address
     plain: list[dict[str, float]] = []
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{timed[address]['steps_per_s']:.2f} steps/s", flush=True)
     finally:
         ray.shutdown()
+    load_after = os.getloadavg()
     ratios = [r["steps_per_s"] / p["steps_per_s"] for r, p in zip(on_ray, plain, strict=True)]
     low, high = bootstrap_ci(ratios)
     machine = describe_machine()
@@ -85,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
              f"Machine: {machine.get('cpu')}, {machine.get('cores', '?')} cores; one local Ray cluster of 2 "
              f"CPUs up during both jobs; {args.pairs} pairs, {args.epochs} epoch(s) of {args.subset} MNIST "
              "items, 2 ranks x 1 thread, gloo, DDP (the Trainer's default).",
-             f"Load: {args.note or 'not noted'}.", "",
+             f"Load: {args.note or 'not noted'}; load average (1, 5, 15 min) "
+             f"{', '.join(f'{x:.1f}' for x in load_before)} before, "
+             f"{', '.join(f'{x:.1f}' for x in load_after)} after.", "",
              "| pair | plain steps/s | ray steps/s | ray / plain | plain accuracy | ray accuracy |",
              "|---|---|---|---|---|---|"]
     for n, (p, r, ratio) in enumerate(zip(plain, on_ray, ratios, strict=True), 1):
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.out, "ray_run_bench", machine, text,
                   {"args": {k: str(v) for k, v in vars(args).items() if k != "out"}, "plain": plain,
                    "ray": on_ray, "ratios": ratios, "median_ratio": statistics.median(ratios),
-                   "ci95": [low, high]})
+                   "ci95": [low, high], "load_before": load_before, "load_after": load_after})
     return 0
 
 
