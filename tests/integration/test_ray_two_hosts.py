@@ -155,7 +155,8 @@ def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHo
 
 def ray_processes_under(pid: int) -> list[int]:
     """The Ray processes among the descendants of ``pid`` (what `ray stop --force` would kill on that
-    node), leaving out ringtrain's agent and ranks, which are no Ray processes."""
+    node), leaving out ringtrain's agent and everything under it (its ranks), which are no Ray
+    processes."""
     children: dict[int, list[int]] = {}
     commands: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -172,8 +173,8 @@ def ray_processes_under(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            todo.append(child)
             if "ringtrain.launch" not in commands.get(child, ""):
+                todo.append(child)
                 found.append(child)
     return found
 
