@@ -209,3 +209,18 @@ def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceH
     assert re.search(r"lost Ray node \S+ \(host hostB.*with rank \d of the job", report), output[-4000:]
     print(f"the job ended {took:.1f} s after hostB's Ray node went:\n{report}")  # shown with pytest -rA
     assert took < 60, f"the job took {took:.0f} s to end after hostB's Ray node went\n{output[-4000:]}"
+    # hostB's agent, cut from its actor, stopped its rank: no process of the job is left anywhere
+    wait_for(lambda: not processes_running(str(script)), 60, "every process of the job ended", logs=[log])
+
+
+def processes_running(needle: str) -> list[int]:
+    """Pids of the processes whose command line holds ``needle``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fp:
+                if needle.encode() in fp.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
