@@ -93,8 +93,8 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
     except (ConnectionError, ValueError) as exc:
         where = "on this machine (no RAY_ADDRESS)" if address == "auto" else f"at {address}"
         text = str(exc) if "HINT" in str(exc) else (
-            f"no Ray cluster {where}: {str(exc).strip().rstrip('.')}. HINT: start one with `ray start --head`, or give its address: "
-            "--ray HOST:PORT (or RAY_ADDRESS).")
+            f"no Ray cluster {where}: {str(exc).strip().rstrip('.')}. HINT: start one with `ray start "
+            "--head`, or give its address: --ray HOST:PORT (or RAY_ADDRESS).")
         print(f"ringtrain run: error: {text}", file=sys.stderr, flush=True)
         return 1
     try:
