@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.ranks import RankPool
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cuda_missing_reason() -> str | None:
@@ -27,11 +30,16 @@ def cuda_missing_reason() -> str | None:
 _SHARED_RESOURCE_GROUPS = {"integration": "hosts", "ray": "ray", "spark": "spark"}
 
 
+#: Modules elsewhere that start one of those resources too.
+_SHARED_RESOURCE_MODULES = {"tests/launch/test_ray_driver.py": "ray"}
+
+
 def _group_by_shared_resource(items: list[pytest.Item]) -> None:
     for item in items:
         top = item.path.parent.name
-        group = _SHARED_RESOURCE_GROUPS.get(top)
-        if group is not None and item.path.parent.parent.name == "tests":
+        group = _SHARED_RESOURCE_GROUPS.get(top) if item.path.parent.parent.name == "tests" else None
+        group = group or _SHARED_RESOURCE_MODULES.get(item.path.relative_to(ROOT).as_posix())
+        if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 

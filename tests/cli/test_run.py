@@ -98,6 +98,16 @@ def test_environment_variables_set_flags(environ, field, value):
     assert getattr(parse(["python", "x.py"], environ), field) == value
 
 
+def test_ray_flags():
+    assert parse(["python", "x.py"]).ray is None
+    assert parse(["--ray", "-np", "2", "python", "x.py"]).ray == "auto"
+    config = parse(["--ray", "10.0.0.1:6379", "--ray-cpus-per-rank", "2", "--ray-gpus-per-rank", "1",
+                    "--ray-placement-timeout", "5", "python", "x.py"])
+    assert (config.ray, config.ray_cpus_per_rank, config.ray_gpus_per_rank, config.ray_placement_timeout) == \
+        ("10.0.0.1:6379", 2.0, 1.0, 5.0)
+    assert parse(["python", "x.py"], {"RINGTRAIN_RAY": "ray://head:10001"}).ray == "ray://head:10001"
+
+
 def test_command_line_wins_over_environment():
     assert parse(["-np", "4", "python", "x.py"], {"RINGTRAIN_NUM_PROC": "2"}).num_proc == 4
 
@@ -122,6 +132,10 @@ def run_cli(argv, capsys):
     (["-np", "1", "ringtrain-no-such-command-xyz"], "command not found"),
     (["-np", "1", "python", "no_such_script_xyz.py"], "script not found"),
     (["-np", "1"], "no command to run"),
+    (["-np", "2", "--ray", "python", "x.py"], "--ray 'python' is not a Ray address"),
+    (["--ray", "-np", "2", "-H", "a:1,b:1", "python", "x.py"], "--ray cannot be combined with -H"),
+    (["--ray", "-np", "2", "--min-np", "1", "python", "x.py"], "elastic jobs on Ray are not supported yet"),
+    (["--ray", "-np", "2", "--ray-cpus-per-rank", "0", "python", "x.py"], "--ray-cpus-per-rank 0.0 must be"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     try:
@@ -424,6 +438,7 @@ PUBLIC_FLAGS = {
     "--max-num-proc",
     "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout", "--reset-limit",
     "--blacklist-cooldown-range", "--oversubscribe", "--requeue",
+    "--ray", "--ray-cpus-per-rank", "--ray-gpus-per-rank", "--ray-placement-timeout",
 }
 #: Hidden flags of earlier releases, through which a driver configured its agents (now a JSON hop).
 FORMER_INTERNAL_FLAGS = {"--node-slots", "--node-hosts", "--failure-marker", "--watch-stdin"}

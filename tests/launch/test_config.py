@@ -55,6 +55,10 @@ EVERYTHING = LaunchConfig(
     elastic_timeout=30.5,
     reset_limit=5,
     cooldown_range=(10, 300),
+    ray="ray://head:10001",
+    ray_cpus_per_rank=2.5,
+    ray_gpus_per_rank=1.0,
+    ray_placement_timeout=7.5,
 )
 
 

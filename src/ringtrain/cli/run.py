@@ -203,6 +203,22 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
                     help="seconds a failing host stays blacklisted: MIN, doubling up to MAX (default: "
                          "for good)")
 
+    ray = parser.add_argument_group("Ray options (one node agent per Ray node, as a Ray actor; needs "
+                                    "pip install 'ringtrain[ray]')")
+    ray.add_argument(*spellings("--ray"), dest="ray", action=EnvOption, environ=environ, nargs="?",
+                     const="auto", metavar="ADDRESS",
+                     help="run the ranks on a Ray cluster: the head's HOST:PORT, ray://HOST:PORT, or auto "
+                          "(the default: RAY_ADDRESS, else the cluster `ray start` began on this machine)")
+    ray.add_argument(*spellings("--ray-cpus-per-rank"), dest="ray_cpus_per_rank", action=EnvOption,
+                     environ=environ, type=non_negative(float), default="1", metavar="N",
+                     help="CPUs reserved on its Ray node for each rank (1)")
+    ray.add_argument(*spellings("--ray-gpus-per-rank"), dest="ray_gpus_per_rank", action=EnvOption,
+                     environ=environ, type=non_negative(float), default="0", metavar="N",
+                     help="GPUs reserved on its Ray node for each rank; the node's ranks see them (0)")
+    ray.add_argument(*spellings("--ray-placement-timeout"), dest="ray_placement_timeout", action=EnvOption,
+                     environ=environ, type=non_negative(float), default="100", metavar="SECONDS",
+                     help="how long the cluster may take to fit the ranks before the job fails (100)")
+
     tr = parser.add_argument_group("torchrun options (defaults also from torchrun's PET_<FLAG> variables)")
 
     def torchrun_option(*names: str, **kwargs: Any) -> None:
@@ -459,7 +475,38 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         elastic_timeout=args.elastic_timeout,
         reset_limit=args.reset_limit,
         cooldown_range=parse_cooldown_range(args.cooldown_range) if args.cooldown_range is not None else None,
+        **ray_fields(args),
     )
+
+
+#: Flags that place the ranks some other way: they cannot go with --ray.
+_NOT_WITH_RAY = ("hosts", "hostfile", "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "standalone",
+                 "min_np", "max_np", "host_discovery_script")
+
+
+def ray_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Ray fields of the config, checked (none but the defaults without --ray)."""
+    if args.ray is None:
+        return {}
+    address = args.ray.strip()
+    if address not in ("auto", "local") and ":" not in address:
+        raise UsageError(f"--ray {address!r} is not a Ray address. HINT: give the head's HOST:PORT (as `ray "
+                         "start --head` printed it), ray://HOST:PORT or auto; with no address, put --ray "
+                         "before the other flags: ringtrain run --ray -np 2 python train.py.")
+    given = [name for name in _NOT_WITH_RAY if getattr(args, name, None) not in (None, False)]
+    if given:
+        flags = ", ".join("-H" if n == "hosts" else "--" + n.replace("_", "-") for n in given)
+        elastic = any(n in ("min_np", "max_np", "host_discovery_script") for n in given)
+        raise UsageError(f"--ray cannot be combined with {flags}: Ray places the ranks itself"
+                         + (" (elastic jobs on Ray are not supported yet)" if elastic else "")
+                         + ". HINT: give -np N (and --nproc-per-node K for K ranks on each Ray node).")
+    for flag, value in (("--ray-cpus-per-rank", args.ray_cpus_per_rank),
+                        ("--ray-placement-timeout", args.ray_placement_timeout)):
+        if not float(value) > 0:
+            raise UsageError(f"{flag} {value} must be positive. HINT: e.g. {flag} 1.")
+    return {"ray": address, "ray_cpus_per_rank": float(args.ray_cpus_per_rank),
+            "ray_gpus_per_rank": float(args.ray_gpus_per_rank),
+            "ray_placement_timeout": float(args.ray_placement_timeout)}
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -475,6 +522,10 @@ def run_command(args: argparse.Namespace) -> int:
         # what the ranks would each find later (a timeline they cannot write) is refused here, once
         for warning in before_launch(config, oversubscribe=bool(args.oversubscribe)):
             print(f"ringtrain run: warning: {warning}", file=sys.stderr, flush=True)
+    if config.ray is not None and not config.check_build:
+        from ringtrain.launch.ray_driver import launch_on_ray
+
+        return launch_on_ray(config)
     return launch(config)
 
 

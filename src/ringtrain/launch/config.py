@@ -106,6 +106,15 @@ class LaunchConfig:
     """Elastic: most re-formations of the group before the job fails (None: no limit)."""
     cooldown_range: tuple[int, int] | None = None
     """Elastic: blacklist cooldown bounds in seconds (None: a blacklisted host never comes back)."""
+    ray: str | None = None
+    """``--ray [ADDRESS]``: run one agent per Ray node as a Ray actor (None: not on Ray; ``auto``: the
+    cluster ``RAY_ADDRESS`` names, else the one started on this machine). See launch/ray_driver.py."""
+    ray_cpus_per_rank: float = 1.0
+    """``--ray-cpus-per-rank``: CPUs the placement group reserves for each rank."""
+    ray_gpus_per_rank: float = 0.0
+    """``--ray-gpus-per-rank``: GPUs reserved for each rank (their node's agent sees them)."""
+    ray_placement_timeout: float = 100.0
+    """``--ray-placement-timeout``: seconds the cluster may take to fit the ranks before the job fails."""
 
     @property
     def elastic(self) -> bool:

@@ -120,14 +120,10 @@ def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if config.check_build:
         print(check_build())
         return 0
-    for note in config.notes:
-        print(f"ringtrain run: warning: {note}", file=sys.stderr)
-    if config.verbose:
-        print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
-    exported_values(config, environ)  # a bare -x NAME that is not set here fails before anything starts
-    if config.log_dir:
-        check_log_dir(config.log_dir)
-    check_worker_settings(config, environ)
+    if config.ray is not None:  # the Ray driver stands on this one (ray_driver.py imports it)
+        raise UsageError("a --ray job is launched by ringtrain.launch.ray_driver.launch_on_ray. HINT: call "
+                         "that, or leave --ray out.")
+    prepare(config, environ)
     if config.elastic:
         from ringtrain.launch.elastic_driver import launch_elastic
 
@@ -141,6 +137,19 @@ def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if isinstance(plan, HostsPlan):
         return _launch_hosts(config, plan, environ)
     return _launch_node(config, plan, environ)
+
+
+def prepare(config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    """What every launch does before it starts anything: the notes, the resolved configuration
+    (--verbose), and the checks of -x values, --log-dir and the workers' settings."""
+    for note in config.notes:
+        print(f"ringtrain run: warning: {note}", file=sys.stderr)
+    if config.verbose:
+        print("ringtrain run: resolved configuration\n" + config.table(), file=sys.stderr)
+    exported_values(config, environ)  # a bare -x NAME that is not set here fails before anything starts
+    if config.log_dir:
+        check_log_dir(config.log_dir)
+    check_worker_settings(config, environ)
 
 
 def check_worker_settings(config: LaunchConfig, environ: Mapping[str, str]) -> None:

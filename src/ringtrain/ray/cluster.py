@@ -8,6 +8,7 @@ and what the cluster has.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,11 +28,15 @@ class PlacementTimeoutError(TimeoutError):
     """The cluster could not fit the workers within ``placement_group_timeout_s``."""
 
 
-def connect(address: str | None, timeout_s: float) -> None:
+def connect(address: str | None, timeout_s: float,
+            timeout_hint: str = "raise create_settings(timeout_s=...)", quiet: bool = False) -> None:
     """``ray.init`` unless this process is connected already.
 
     ``address`` (else ``RAY_ADDRESS``): ``host:port`` of a cluster's head (its GCS port), ``ray://...``
     (Ray Client) or ``auto``; None or empty starts a local cluster, as ``ray.init()`` does.
+    ``timeout_hint``: how the caller's user gives more time (the error's hint ends with it).
+    ``quiet``: Ray's own info lines stay off this process's stderr, and so does the actors' output
+    (``ringtrain run --ray`` relays its agents' output itself).
     """
     import ray  # the ray extra: every function imports it where used, so the package loads without it
 
@@ -39,11 +44,14 @@ def connect(address: str | None, timeout_s: float) -> None:
         return
     address = (address or os.environ.get(ADDRESS_VARIABLE, "")).strip() or None
     if address not in (None, "auto", "local"):
-        _check_reachable(address, timeout_s)
-    ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        _check_reachable(address, timeout_s, timeout_hint)
+    if quiet:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 
-def _check_reachable(address: str, timeout_s: float) -> None:
+def _check_reachable(address: str, timeout_s: float, timeout_hint: str) -> None:
     target = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
@@ -61,8 +69,8 @@ def _check_reachable(address: str, timeout_s: float) -> None:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     raise ClusterUnreachableError(
         f"no Ray cluster answers at {address} within {timeout_s:g} s ({last}). HINT: start one there with "
-        "`ray start --head`, check the address and that its port is reachable from this host, or raise "
-        "create_settings(timeout_s=...).")
+        f"`ray start --head`, check the address and that its port is reachable from this host, or "
+        f"{timeout_hint}.")
 
 
 @dataclass(frozen=True)
@@ -76,8 +84,10 @@ class Reservation:
 
 
 def reserve(bundle: Mapping[str, float], num_bundles: int, strategy: str, workers_per_bundle: int,
-            timeout_s: float, use_current: bool) -> Reservation:
-    """Make (or, with ``use_current`` inside one, take the current) placement group for the workers."""
+            timeout_s: float, use_current: bool,
+            timeout_hint: str = "raise placement_group_timeout_s") -> Reservation:
+    """Make (or, with ``use_current`` inside one, take the current) placement group for the workers.
+    ``timeout_hint``: how the caller's user gives more time (the error's hint names it)."""
     import ray
     from ray.util.placement_group import get_current_placement_group, remove_placement_group
 
@@ -92,10 +102,10 @@ def reserve(bundle: Mapping[str, float], num_bundles: int, strategy: str, worker
         remove_placement_group(group)
         raise PlacementTimeoutError(
             f"the Ray cluster could not place {num_bundles} bundle(s) of {_resources(bundles[0])} "
-            f"({strategy}) within placement_group_timeout_s={timeout_s:g}: the cluster has "
+            f"({strategy}) within {timeout_s:g} s: the cluster has "
             f"{_resources(ray.cluster_resources())} in all, {_resources(ray.available_resources())} free, on "
             f"{_alive_nodes()} node(s). HINT: ask for fewer workers or CPUs/GPUs per worker, add nodes, or "
-            "raise placement_group_timeout_s for an autoscaling cluster.")
+            f"{timeout_hint} for an autoscaling cluster.")
     order = tuple(index for index in range(num_bundles) for _ in range(workers_per_bundle))
     return Reservation(group=group, owned=True, bundles=order)
 

@@ -9,15 +9,18 @@ group) and one line in :data:`PLACES`; docs/architecture.md walks through it.
 from __future__ import annotations
 
 from ringtrain.launch.places.local import LocalGroup
+from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.places.srun import SrunStep
 from ringtrain.launch.places.ssh import SshGroup
-from ringtrain.launch.supervision import ProcessGroup
+from ringtrain.launch.supervision import RankGroup
 
-#: Place name -> the class that starts a group there (``PLACES[name](host, argv, env, ...)``).
-PLACES: dict[str, type[ProcessGroup]] = {
+#: Place name -> the class that starts a group there (``PLACES[name](host, argv, env, ...)``; the Ray
+#: place also takes its actor and node, see :class:`~ringtrain.launch.places.ray.RayGroup`).
+PLACES: dict[str, type[RankGroup]] = {
     LocalGroup.kind: LocalGroup,
     SshGroup.kind: SshGroup,
     SrunStep.kind: SrunStep,
+    RayGroup.kind: RayGroup,
 }
 
-__all__ = ["PLACES", "LocalGroup", "SrunStep", "SshGroup"]
+__all__ = ["PLACES", "LocalGroup", "RayGroup", "SrunStep", "SshGroup"]

@@ -1,0 +1,233 @@
+"""A group of ranks on one Ray node: a Ray actor there runs the node's agent as its child process.
+
+``ringtrain run --ray`` (:mod:`ringtrain.launch.ray_driver`) places one
+:class:`~ringtrain.launch.ray_actor.NodeAgentActor` per Ray node. The actor starts the same agent
+the ssh place starts (``python -m ringtrain.launch.node_entry CONFIG_JSON``) as a child process, so
+the ranks are ordinary processes of that agent and never import Ray. The actor holds the child's
+pipes: it writes what the driver sends (the secret, heartbeats, stop and kill requests of
+:mod:`ringtrain.launch.link`) on the child's stdin, and keeps its output lines until the driver
+fetches them (:meth:`NodeAgentActor.output`, a call that waits for lines, so output arrives as it is
+written without a busy loop).
+
+:class:`RayGroup` is the driver's side, a :class:`~ringtrain.launch.supervision.RankGroup`: a thread
+fetches the output and relays it as a ``ProcessGroup`` relays a child's pipes. When the actor dies
+(its process killed, its node lost) the pending fetch fails with Ray's actor error; the group then
+ends with :data:`LOST_EXIT` and says which node and ranks went.
+
+Ray is imported where it is used: this module loads without the ``ray`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, ClassVar
+
+from ringtrain.launch.link import ALIVE_LINE, KILL_REQUEST, STOP_REQUEST
+from ringtrain.launch.ray_actor import FETCH_WAIT_S, NodeAgentActor
+from ringtrain.launch.supervision import TAIL_LINES, RankGroup, Reach
+
+#: The exit status of a group whose actor died (its process or its node lost): no status came back.
+LOST_EXIT = 255
+#: Seconds an actor may stay "unavailable" to Ray before its group counts as lost (Ray says so at
+#: once when the connection to the actor breaks; a node that is gone stays so).
+UNAVAILABLE_GRACE_S = 3.0
+#: Seconds a killed group's actor gets to end before Ray kills it (and as long again before the
+#: driver stops waiting for Ray's word).
+KILL_WAIT_S = 5.0
+
+
+class RayGroup(RankGroup):
+    """The driver's side of one node's agent in a :class:`NodeAgentActor` (see the module doc).
+
+    ``actor``: the actor's handle; ``argv``: the agent's command line; ``env``: variables sent along
+    (as the ssh place sends them); ``secret_ref``: the job's secret as a Ray object reference;
+    ``ranks``: the global ranks of this node; ``node``: the actor's :meth:`~NodeAgentActor.where`.
+    """
+
+    kind: ClassVar[str] = "ray"
+
+    def __init__(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+                 actor: Any, node: Mapping[str, str], ranks: range, secret_ref: Any = None,
+                 reach: Reach | None = None, talks: bool = True, lock: threading.Lock | None = None,
+                 on_error_line: Callable[[str], bool] | None = None,
+                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        import ray
+
+        self.host = host
+        self.tail = []
+        self.ended_at = None
+        self.actor = actor
+        self.node = dict(node)
+        self.ranks = ranks
+        self.lock = lock or threading.Lock()
+        self._on_error_line = on_error_line
+        self._out, self._err = out or sys.stdout, err or sys.stderr
+        self._code: int | None = None
+        #: Ray's error when the actor died (its node lost, its process killed), else None.
+        self.lost: BaseException | None = None
+        #: When the driver last heard from the actor (wall-clock): a lost node went after this.
+        self.last_heard = time.time()
+        self._heard_beat: float | None = None
+        self._silent_for: float | None = None
+        self._stopping = False
+        #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
+        self._killed_at: float | None = None
+        self._ray_killed = False
+        cwd = (reach or Reach()).cwd or os.getcwd()
+        self._pid = int(ray.get(actor.start.remote(list(argv), dict(env or {}),
+                                                   [secret_ref] if secret_ref is not None else [], cwd)))
+        self._relay = threading.Thread(target=self._fetch, name=f"ringtrain-ray-relay-{host}", daemon=True)
+        self._relay.start()
+
+    # --- output ----------------------------------------------------------------------------------
+    def _fetch(self) -> None:
+        import ray
+        from ray.exceptions import ActorUnavailableError
+
+        held, failing_since = "", None
+        while True:
+            try:
+                lines, code = ray.get(self.actor.output.remote())
+            except Exception as exc:  # noqa: BLE001 - Ray's actor errors: the node or the process went
+                # "unavailable" may pass (a blip of the network): asked again for a few seconds first
+                failing_since = failing_since or time.monotonic()
+                if isinstance(exc, ActorUnavailableError) and self._killed_at is None \
+                        and time.monotonic() - failing_since < UNAVAILABLE_GRACE_S:
+                    time.sleep(FETCH_WAIT_S)
+                    continue
+                if self._killed_at is None or not self._node_alive():
+                    self.lost = exc
+                self._end(LOST_EXIT if self.lost is not None else -signal.SIGKILL)
+                return
+            failing_since = None
+            self.last_heard = time.time()
+            for is_err, line in lines:
+                if is_err:
+                    line, held = held + line, ""
+                    if line.endswith(ALIVE_LINE + "\n") or line.endswith(ALIVE_LINE):
+                        held = line[: line.rindex(ALIVE_LINE)]
+                        self._heard_beat = time.monotonic()
+                        continue
+                    if self._on_error_line is not None and self._on_error_line(line):
+                        continue
+                self._write(line, is_err)
+            if code is not None:
+                if held:
+                    self._write(held, True)
+                self._end(code)
+                return
+
+    def _node_alive(self) -> bool:
+        """Whether Ray still counts this group's node among the living (True where it cannot tell)."""
+        import ray
+
+        try:
+            return any(n.get("NodeID") == self.node.get("node_id") and n.get("Alive") for n in ray.nodes())
+        except Exception:  # noqa: BLE001 - the cluster itself may be gone
+            return True
+
+    def _write(self, line: str, is_err: bool) -> None:
+        with self.lock:
+            if is_err:
+                self.tail = (self.tail + [line])[-TAIL_LINES:]
+            dest = self._err if is_err else self._out
+            dest.write(line)
+            dest.flush()
+
+    def _end(self, code: int) -> None:
+        self.ended_at = time.time()
+        self._code = code
+
+    def join_output(self, timeout: float) -> None:
+        self._relay.join(timeout=timeout)
+
+    # --- status ----------------------------------------------------------------------------------
+    def poll(self) -> int | None:
+        return self._code
+
+    @property
+    def pid(self) -> int:
+        """The agent's pid on its Ray node."""
+        return self._pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._relay.join(timeout=timeout)
+        if self._code is None:
+            raise subprocess.TimeoutExpired(f"ray node agent on {self.host}", timeout or 0.0)
+        return self._code
+
+    # --- liveness --------------------------------------------------------------------------------
+    def beat(self) -> None:
+        if not self._stopping and self._code is None:
+            self.actor.send.remote(b"\n")  # not awaited: a dead actor's error is the relay's to see
+
+    def check_silence(self, limit: float) -> bool:
+        if self._code is not None or self._heard_beat is None or self._silent_for is not None:
+            return False
+        silent = time.monotonic() - self._heard_beat
+        if silent <= limit:
+            return False
+        self._silent_for = silent
+        return True
+
+    @property
+    def silent_for(self) -> float | None:
+        return self._silent_for
+
+    # --- ending ----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping = True
+        if self._code is None:
+            self.actor.send.remote(STOP_REQUEST + b"\n")
+
+    def kill_ranks(self) -> None:
+        self._stopping = True
+        if self._code is None:
+            self.actor.send.remote(KILL_REQUEST + b"\n")
+            self.actor.close_stdin.remote()
+
+    def kill(self) -> None:
+        """SIGKILL to the agent's processes through the actor; an actor that does not end within
+        :data:`KILL_WAIT_S` is killed by Ray, and after as long again the group is given up here."""
+        import ray
+
+        if self._code is not None:
+            return
+        now = time.monotonic()
+        if self._killed_at is None:
+            self._killed_at = now
+            self.actor.kill.remote()
+        elif now - self._killed_at > 2 * KILL_WAIT_S:
+            self._end(-signal.SIGKILL)  # Ray never told: nothing more will come from it
+        elif now - self._killed_at > KILL_WAIT_S and not self._ray_killed:
+            self._ray_killed = True
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor, no_restart=True)
+
+    def unreachable(self) -> bool:
+        return self.lost is not None
+
+    def lost_contact(self) -> bool:
+        return self.lost is not None
+
+    def describe_end(self, what: str) -> str:
+        """A lost actor names its Ray node and the ranks that were on it."""
+        if self.lost is None:
+            return super().describe_end(what)
+        first, last = self.ranks[0], self.ranks[-1]
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        reason = (str(self.lost).strip().splitlines() or [type(self.lost).__name__])[0]
+        return (f"lost Ray node {self.node.get('node_ip', '?')} (host {self.host}, node id "
+                f"{self.node.get('node_id', '?')[:12]}) with {ranks} of the job: {what} died with its actor "
+                f"({type(self.lost).__name__}: {reason}). HINT: look for that node's end (ray stop, out of "
+                "memory, host down) in Ray's logs there")
+
+
+__all__ = ["LOST_EXIT", "NodeAgentActor", "RayGroup"]

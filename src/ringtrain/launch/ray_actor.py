@@ -1,0 +1,132 @@
+"""The Ray actor of ``ringtrain run --ray``: one node's agent as its child process, its pipes held here.
+
+Kept apart from :mod:`ringtrain.launch.places` (whose modules import torch through the job store):
+every bundle of the job's placement group starts one of these actors, and each imports this module
+first, so it imports nothing but the standard library (Ray and the port helper where used). The
+driver's side is :class:`ringtrain.launch.places.ray.RayGroup`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+#: Seconds one output fetch waits for lines before it returns empty (a heartbeat arrives each second).
+FETCH_WAIT_S = 0.5
+#: Variables of the actor's own environment that the agent does not inherit: Ray sets
+#: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s.
+RAY_ONLY_VARIABLES = ("OMP_NUM_THREADS",)
+
+
+class NodeAgentActor:
+    """Runs in a Ray actor (``ray.remote(NodeAgentActor)``, threaded): one node's agent as its child.
+
+    Also a seat-holder: every bundle of the job's placement group gets one such actor, so that the
+    bundle's CPUs and GPUs stay reserved; the first actor of each node runs the agent (:meth:`start`).
+    """
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: deque[tuple[bool, str]] = deque()
+        self.changed = threading.Condition()
+        self.readers: list[threading.Thread] = []
+        self.code: int | None = None
+
+    def where(self) -> dict[str, str]:
+        """The Ray node this actor runs on: its id, IP address and host name."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "hostname": socket.gethostname()}
+
+    def gpu_ids(self) -> list[str]:
+        """The GPUs Ray gave this actor."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
+
+    def free_port(self) -> int:
+        """A TCP port free on this node now (node 0's: where the job's store will listen)."""
+        from ringtrain.engine.netutil import free_port
+
+        return free_port()
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], secret: Sequence[Any],
+              cwd: str | None = None) -> int:
+        """Start the agent: ``argv`` with this actor's interpreter as ``argv[0]`` (the one that imported
+        ringtrain here), in this actor's environment with ``env`` on top, in the folder ``cwd`` (the
+        driver's, as the ssh place does; this actor's own where this node has no such folder); the
+        job's secret (``secret``: a one-element list holding an object reference, so that it never
+        shows in Ray's task listings) becomes the first line of its stdin. Returns the agent's pid."""
+        import ray
+
+        environment = {k: v for k, v in os.environ.items() if k not in RAY_ONLY_VARIABLES}
+        environment.update({str(k): str(v) for k, v in env.items()})
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen([sys.executable, *list(argv)[1:]], env=environment, stdin=pipe,
+                                     stdout=pipe, stderr=pipe, start_new_session=True,
+                                     cwd=cwd if cwd and os.path.isdir(cwd) else None)
+        # the link's first line (as store_host.send_secret writes it, which would import torch here)
+        value = (ray.get(secret[0]) if secret else None) or ""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.proc.stdin.write(value.encode() + b"\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.set_blocking(self.proc.stdin.fileno(), False)  # type: ignore[union-attr]
+        self.readers = [threading.Thread(target=self._read, args=(stream, is_err), daemon=True)
+                        for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
+        for reader in self.readers:
+            reader.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+        return self.proc.pid
+
+    def _read(self, stream: IO[bytes], is_err: bool) -> None:
+        for raw in iter(stream.readline, b""):
+            with self.changed:
+                self.lines.append((is_err, raw.decode(errors="replace")))
+                self.changed.notify_all()
+
+    def _wait(self) -> None:
+        assert self.proc is not None
+        code = self.proc.wait()
+        for reader in self.readers:  # every line is taken before the end is told
+            reader.join()
+        with self.changed:
+            self.code = code
+            self.changed.notify_all()
+
+    def output(self, wait_s: float = FETCH_WAIT_S) -> tuple[list[tuple[bool, str]], int | None]:
+        """The agent's lines since the last call, as (is_stderr, line); and its exit status once it
+        ended and every line was taken. Waits up to ``wait_s`` for something to say."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.lines or self.code is not None, timeout=wait_s)
+            lines = list(self.lines)
+            self.lines.clear()
+            return lines, self.code if not lines else None
+
+    def send(self, data: bytes) -> bool:
+        """Write ``data`` on the agent's stdin; False where it could not be written whole (a full pipe
+        skips a heartbeat rather than block)."""
+        try:
+            return os.write(self.proc.stdin.fileno(), data) == len(data)  # type: ignore[union-attr]
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def close_stdin(self) -> None:
+        """End-of-file on the agent's stdin: "stop" in the link's words."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+
+    def kill(self) -> None:
+        """SIGKILL to the agent's process group (its ranks learn that their agent died and end)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)

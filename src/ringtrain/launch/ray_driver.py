@@ -1,0 +1,220 @@
+"""``ringtrain run --ray [ADDRESS]``: any ringtrain job on a Ray cluster, one node agent per Ray node.
+
+What it does, in order: join the cluster (:func:`ringtrain.ray.cluster.connect`: an address nobody
+answers on fails within ``--start-timeout``); reserve a placement group, one bundle per rank
+(``PACK``) or, with ``--nproc-per-node K``, one bundle of K ranks per node (``STRICT_SPREAD``),
+each bundle ``--ray-cpus-per-rank`` CPUs and ``--ray-gpus-per-rank`` GPUs per rank (a group the
+cluster cannot fit fails after ``--ray-placement-timeout`` naming what was asked and what the cluster
+has); put one :class:`~ringtrain.launch.places.ray.NodeAgentActor` in every bundle, so that the
+bundle stays held; and let the first actor of each node run that node's agent. From there the job
+is a multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`): the same
+rendezvous on node 0, the same relay with rank prefixes, the same root-cause report and
+``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ringtrain.exceptions import UsageError
+from ringtrain.launch import store_host
+from ringtrain.launch.config import LaunchConfig, exported_values
+from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
+from ringtrain.launch.hosts import HostSlots
+from ringtrain.launch.places.ray import RayGroup
+from ringtrain.launch.plan import HostsPlan
+from ringtrain.launch.ray_actor import NodeAgentActor
+from ringtrain.launch.remote import forwarded_environment
+from ringtrain.launch.report import RankFailure
+
+#: Calls the driver and the agent's output relay may have open on one actor at once.
+ACTOR_CONCURRENCY = 4
+#: The one line a missing ``ray`` package gets.
+NO_RAY = "--ray needs Ray, which is not installed here. HINT: pip install 'ringtrain[ray]'"
+
+
+def require_ray() -> None:
+    """A usage error (exit 2) naming the pip command when the ``ray`` package cannot be imported."""
+    try:
+        import ray  # noqa: F401 - imported for the check; the job imports it again where used
+    except ImportError:
+        raise UsageError(NO_RAY) from None
+
+
+@dataclass
+class RayNode:
+    """One Ray node of the job: where it is, its ranks, and the actors holding its bundles."""
+
+    node: dict[str, str]
+    actors: list[Any]
+    slots: int
+    gpu_ids: list[str]
+
+
+@dataclass
+class Placement:
+    """The job's room on the cluster: the placement group, every actor in it, and the nodes."""
+
+    reservation: Any  # ringtrain.ray.cluster.Reservation
+    actors: list[Any]
+    nodes: list[RayNode]
+
+    def release(self) -> None:
+        """Kill the actors and remove the placement group (the cluster may be gone already)."""
+        import ray
+
+        from ringtrain.ray import cluster
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - an actor whose node is gone is not there to kill
+                pass
+        cluster.release(self.reservation)
+
+
+def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``config`` on the Ray cluster it names; returns the launcher's exit code."""
+    environ = dict(os.environ if environ is None else environ)
+    require_ray()
+    prepare(config, environ)
+    check_command(config.command, config.no_python)
+    from ringtrain.ray import cluster
+
+    address = config.ray if config.ray not in (None, "", "auto") else \
+        (environ.get(cluster.ADDRESS_VARIABLE) or "auto")
+    try:
+        cluster.connect(address, config.start_timeout, timeout_hint="raise --start-timeout", quiet=True)
+    except (ConnectionError, ValueError) as exc:
+        where = "on this machine (no RAY_ADDRESS)" if address == "auto" else f"at {address}"
+        text = str(exc) if "HINT" in str(exc) else (
+            f"no Ray cluster {where}: {str(exc).strip().rstrip('.')}. HINT: start one with `ray start "
+            "--head`, or give its address: --ray HOST:PORT (or RAY_ADDRESS).")
+        print(f"ringtrain run: error: {text}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        placement = place(config)
+    except cluster.PlacementTimeoutError as exc:
+        print(f"ringtrain run: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray's errors of actors that did not come up, said in one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        print(f"ringtrain run: error: the node agents' actors did not start on the Ray cluster "
+              f"({type(exc).__name__}: {first}). HINT: install the same ringtrain (and torch) on every Ray "
+              "node, in the Python the cluster runs; see Ray's logs of the node named above.",
+              file=sys.stderr, flush=True)
+        return 1
+    try:
+        return RayJob(config, environ, placement).run()
+    finally:
+        placement.release()
+
+
+def place(config: LaunchConfig) -> Placement:
+    """Reserve the ranks' room and start an actor in every bundle; the nodes in node-rank order (node
+    0 holds bundle 0)."""
+    import ray
+
+    from ringtrain.ray import cluster
+
+    num_proc = config.num_proc or config.nproc_per_node or 1
+    per_bundle = config.nproc_per_node or 1
+    if num_proc % per_bundle:
+        raise UsageError(f"-np {num_proc} does not divide into nodes of --nproc-per-node {per_bundle}. "
+                         f"HINT: give a multiple of {per_bundle}.")
+    bundles = num_proc // per_bundle
+    resources = {"CPU": config.ray_cpus_per_rank * per_bundle, "GPU": config.ray_gpus_per_rank * per_bundle}
+    strategy = "STRICT_SPREAD" if config.nproc_per_node else "PACK"
+    reservation = cluster.reserve(resources, bundles, strategy, 1, config.ray_placement_timeout,
+                                  use_current=False, timeout_hint="raise --ray-placement-timeout")
+    made = ray.remote(NodeAgentActor)
+    actors = [made.options(num_cpus=resources["CPU"], num_gpus=resources["GPU"],
+                           max_concurrency=ACTOR_CONCURRENCY,
+                           scheduling_strategy=in_bundle(reservation.group, index)).remote()
+              for index in range(bundles)]
+    try:
+        wheres = ray.get([a.where.remote() for a in actors], timeout=max(config.start_timeout, 60.0))
+        gpus = ray.get([a.gpu_ids.remote() for a in actors], timeout=max(config.start_timeout, 60.0)) \
+            if config.ray_gpus_per_rank else [[] for _ in actors]
+    except BaseException:
+        Placement(reservation, actors, []).release()
+        raise
+    nodes: dict[str, RayNode] = {}
+    for actor, where, ids in zip(actors, wheres, gpus):
+        node = nodes.setdefault(where["node_id"], RayNode(node=where, actors=[], slots=0, gpu_ids=[]))
+        node.actors.append(actor)
+        node.slots += per_bundle
+        node.gpu_ids += [g for g in ids if g not in node.gpu_ids]
+    return Placement(reservation, actors, list(nodes.values()))
+
+
+def in_bundle(group: Any, index: int) -> Any:
+    """Ray's scheduling strategy for an actor in bundle ``index`` of ``group``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+class RayJob(HostsJob):
+    """A :class:`~ringtrain.launch.driver.HostsJob` whose agents run in Ray actors."""
+
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], placement: Placement) -> None:
+        self.placement = placement
+        names = [n.node["hostname"] for n in placement.nodes]
+        if len(set(names)) < len(names):  # nodes that share a host name are told apart by address
+            names = [n.node["node_ip"] for n in placement.nodes]
+        nodes = [HostSlots(name, n.slots) for name, n in zip(names, placement.nodes)]
+        plan = HostsPlan(tuple(nodes), sum(n.slots for n in nodes), "ray")
+        super().__init__(config, plan, environ, nodes, [False] * len(nodes))
+
+    def start_agents(self) -> None:
+        import ray
+
+        config, nodes, placed = self.config, self.nodes, self.placement.nodes
+        first = placed[0]
+        port = config.master_port or int(ray.get(first.actors[0].free_port.remote()))
+        endpoint = f"{config.master_addr or first.node['node_ip']}:{port}"
+        run_id = config.rdzv_id or uuid.uuid4().hex[:12]
+        secret_ref = ray.put(store_host.node_secret(self.environ, whole_job_here=True) or "")
+        slots, hosts = [n.slots for n in nodes], [n.host for n in nodes]
+        # as the ssh place: the launcher's knobs and -x NAME values travel in the agent's environment
+        forwarded = forwarded_environment(self.environ, exported_values(config, self.environ))
+        start = 0
+        for k, (node, where) in enumerate(zip(nodes, placed)):
+            agent_config = replace(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots,
+                                               hosts), ray=None)
+            env = dict(forwarded)
+            if where.gpu_ids:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(where.gpu_ids)
+            agent = RayGroup(node.host, node_argv(agent_config), env, actor=where.actors[0], node=where.node,
+                             ranks=range(start, start + node.slots), secret_ref=secret_ref, lock=self.lock,
+                             on_error_line=self._take_marker)
+            if config.verbose:
+                print(f"ringtrain run: node {k} on Ray node {where.node['node_ip']} ({node.host}): ranks "
+                      f"{start}-{start + node.slots - 1}, agent pid {agent.pid}", file=sys.stderr, flush=True)
+            self.agents.append(agent)
+            start += node.slots
+
+    def outcome(self) -> int:
+        # A node lost while the job was stopping for another failure (the ranks elsewhere may notice
+        # first) is still part of the story, and often its start.
+        for k, agent in enumerate(self.agents):
+            if isinstance(agent, RayGroup) and agent.lost is not None:
+                self.ended_early.setdefault(k, agent.last_heard)
+        return super().outcome()
+
+    def lost(self, k: int) -> RankFailure:
+        """A node whose actor died went before the driver last heard from it: that time orders it among
+        the ranks' failures (the ranks on other nodes fail after it, having lost their peers)."""
+        found = super().lost(k)
+        agent = self.agents[k]
+        if isinstance(agent, RayGroup) and agent.lost is not None:
+            found = replace(found, time=min(found.time, agent.last_heard), state="unreachable")
+        return found

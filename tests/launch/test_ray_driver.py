@@ -1,0 +1,110 @@
+"""``ringtrain run --ray`` on this machine: bad input, and one job on a local Ray cluster (one per module).
+
+The two-host runs (one rank per Ray node, a failing rank, a lost node) are in
+tests/integration/test_ray_two_hosts.py.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.main import main
+from ringtrain.engine.netutil import free_port
+from tests.integration.system import wait_for
+
+SCRIPT = """
+import os, sys
+env = os.environ
+print(f"rank={env['RANK']} local_rank={env['LOCAL_RANK']} local_size={env['LOCAL_WORLD_SIZE']} "
+      f"ray_imported={'ray' in sys.modules}", flush=True)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "hello.py"
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def test_without_ray_installed_one_line_names_the_pip_command(monkeypatch, capsys, script):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    code = main(["run", "--ray", "-np", "2", "python", script])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == ["ringtrain run: error: --ray needs Ray, which is not installed here. "
+                                        "HINT: pip install 'ringtrain[ray]'"]
+
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
+
+
+@pytest.mark.slow
+def test_an_address_nobody_answers_on_fails_within_the_start_timeout(capsys, script):
+    if ray.is_initialized():
+        pytest.skip("this process is connected to a Ray cluster already")
+    address = f"127.0.0.1:{free_port()}"
+    began = time.monotonic()
+    code = main(["run", "--ray", address, "--start-timeout", "2", "-np", "2", "python", script])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"no Ray cluster answers at {address} within 2 s" in err
+    assert "raise --start-timeout" in err
+    assert time.monotonic() - began < 30  # generous: the bound is the timeout plus one connection attempt
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[None]:
+    """A Ray cluster of two CPUs started by this process; ``ringtrain run --ray`` joins it (connected)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def all_cpus_free() -> None:
+    """Wait for the cluster's two CPUs to be free again (Ray frees a removed placement group a little
+    later); fail after a generous 60 s."""
+    wait_for(lambda: ray.available_resources().get("CPU") == 2, 60, "both CPUs free again")
+
+
+@pytest.mark.slow
+def test_a_placement_the_cluster_cannot_fit_names_asked_and_offered(local_cluster, capsys, script):
+    code = main(["run", "--ray", "-np", "3", "--ray-placement-timeout", "1", "python", script])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert re.search(r"could not place 3 bundle\(s\) of \{CPU: 1\} \(PACK\) within 1 s: the cluster has "
+                     r"\{CPU: 2\} in all", err), err
+    assert "raise --ray-placement-timeout" in err
+    all_cpus_free()  # nothing stays reserved
+
+
+#: Fails rank 1 on the first attempt only (torch's agent counts the restarts for its ranks).
+FAILS_ONCE = SCRIPT + """
+if env["RANK"] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+    raise SystemExit("rank 1 fails on the first attempt")
+"""
+
+
+@pytest.mark.slow
+def test_nproc_per_node_ranks_share_one_agent_which_restarts_them(local_cluster, capsys, tmp_path):
+    """One job for two points: --nproc-per-node 2 puts both ranks in one bundle under one agent, and
+    --max-restarts restarts them there as on any node."""
+    script = tmp_path / "fails_once.py"
+    script.write_text(FAILS_ONCE)
+    code = main(["run", "--ray", "-np", "2", "--nproc-per-node", "2", "--max-restarts", "1", "python",
+                 str(script)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = re.findall(r"^\[\d\] rank=.*$", out, re.MULTILINE)
+    assert sorted(lines) == ["[0] rank=0 local_rank=0 local_size=2 ray_imported=False"] * 2 + \
+        ["[1] rank=1 local_rank=1 local_size=2 ray_imported=False"] * 2, out + err  # two attempts
+    assert "attempt 0 failed" in err, err
+    assert "rank 1 fails on the first attempt" in err, err
+    assert "the job finished after 1 restart(s)" in err, err
+    all_cpus_free()  # the placement group was removed, the actors are gone
