@@ -381,26 +381,30 @@ WARNED = ("import os, signal, socket, sys, time\n"
           "    print(f'rank {os.environ[\"RANK\"]} on {socket.gethostname()} got {name}', flush=True)\n"
           "    sys.exit(75)\n"
           "signal.signal(signal.SIGUSR1, warned)\n"
+          "signal.signal(signal.SIGTERM, warned)\n"
           "print('warned rank', os.environ['RANK'], 'ready', flush=True)\n"
           "while True:\n"
           "    time.sleep(1)\n")
 
 
-def test_sigusr1_to_the_launcher_reaches_the_rank_on_the_far_host_and_the_job_exits_75(hosts, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
+def test_sigusr1_to_the_launcher_reaches_the_rank_on_the_far_host_and_the_job_exits_75(hosts, tmp_path, sig):
     # Slurm's --signal=USR1@120 (or LSF's bsub -wa USR1) reaches the launcher; the ranks must hear it.
+    # A scheduler's SIGTERM (preemption, PBS's walltime) stops the ranks with their grace: ranks that
+    # snapshot and exit 75 on it make the job preempted too, not "stopped by SIGTERM".
     job = Job(hosts, tmp_path, command=(sys.executable, "-c", WARNED))
     try:
         wait_for(lambda: job.output().count("ready") == 2 or job.proc.poll() is not None, 300,
                  "both ranks to start", logs=[job.log])
         assert job.proc.poll() is None, job.output()
-        job.proc.send_signal(signal.SIGUSR1)
+        job.proc.send_signal(sig)
         code, _ = job.wait(timeout=60)
     finally:
         job.kill()
     output = job.output()
     assert code == 75, output
-    assert "rank 1 on hostB got SIGUSR1" in output, output  # across ssh, to the far host's rank
-    assert "rank 0 on hostA got SIGUSR1" in output, output
+    assert f"rank 1 on hostB got {sig.name}" in output, output  # across ssh, to the far host's rank
+    assert f"rank 0 on hostA got {sig.name}" in output, output
     assert "stopped on request with exit status 75" in output, output
     assert "Root cause" not in output, output
     assert_no_process_left(hosts, timeout=20)

@@ -385,6 +385,11 @@ class HostsJob:
     def outcome(self) -> int:
         """The exit code; the root-cause report first where the job failed."""
         if self.signals.first is not None:
+            if all(agent.poll() == PREEMPTED_EXIT for agent in self.agents):
+                # every host's ranks heard the stop, wrote their snapshot and ended resumably (a
+                # scheduler's SIGTERM to a Trainer job): preempted, not stopped halfway
+                say(preempted_line(f"the ranks of {len(self.agents)} host(s)"))
+                return PREEMPTED_EXIT
             print(f"ringtrain run: stopped by {signal.Signals(self.signals.first).name}; every rank on every "
                   "host was stopped.", file=sys.stderr)
             return 128 + self.signals.first
