@@ -8,7 +8,6 @@ among them: it travels apart, never in a variable a driver might print.
 from __future__ import annotations
 
 from ringtrain.engine import auth
-from ringtrain.engine.job_store import split_address
 
 
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, node_rank: int,
@@ -17,6 +16,10 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, no
     """The names of one rank's place. ``GROUP_WORLD_SIZE`` is left out on purpose: without it the cross
     size is read from ``CROSS_SIZE``, which is per local rank (a host with fewer ranks is in fewer
     cross groups)."""
+    # here, not at the top: job_store imports torch, and a rank's entry (launch/worker_entry.py) takes
+    # horovod_variables before the user's command has imported anything
+    from ringtrain.engine.job_store import split_address
+
     host, port = split_address(store_address)
     return {
         "RANK": str(rank),
@@ -29,6 +32,16 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, no
         "MASTER_ADDR": host,
         "MASTER_PORT": str(port),
         auth.ENV_ADDRESS: store_address,
+        **horovod_variables(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                            cross_rank=cross_rank, cross_size=cross_size, hostname=hostname),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
+    }
+
+
+def horovod_variables(*, rank: int, size: int, local_rank: int, local_size: int, cross_rank: int,
+                      cross_size: int, hostname: str) -> dict[str, str]:
+    """Horovod's names of a rank's place (what ``horovodrun``'s gloo mode gives its ranks), on gloo."""
+    return {
         "HOROVOD_RANK": str(rank),
         "HOROVOD_SIZE": str(size),
         "HOROVOD_LOCAL_RANK": str(local_rank),
@@ -38,13 +51,11 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, no
         "HOROVOD_HOSTNAME": hostname,
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
         "PYTHONUNBUFFERED": "1",
     }
-
 
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-__all__ = ["rank_variables"]
+__all__ = ["horovod_variables", "rank_variables"]

@@ -25,6 +25,8 @@ import time
 import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 
+from ringtrain.engine import rank_env
+
 #: Set for the workers of ``ringtrain run --no-python``: the command is exec'd as it is. Not a
 #: ``RINGTRAIN_<DEST>`` flag variable, so a ``ringtrain run`` that a worker starts does not inherit the flag.
 NO_PYTHON_VARIABLE = "RINGTRAIN_WORKER_NO_PYTHON"
@@ -55,19 +57,8 @@ def horovod_variables(environ: Mapping[str, str]) -> dict[str, str]:
     cross_size = len(holders) if node_rank in holders else num_nodes
     hosts = [h for h in environ.get("RINGTRAIN_NODE_HOSTS", "").split(",") if h]
     hostname = hosts[node_rank] if node_rank < len(hosts) else socket.gethostname()
-    return {
-        "HOROVOD_RANK": str(rank),
-        "HOROVOD_SIZE": str(size),
-        "HOROVOD_LOCAL_RANK": str(local_rank),
-        "HOROVOD_LOCAL_SIZE": str(local_size),
-        "HOROVOD_CROSS_RANK": str(cross_rank),
-        "HOROVOD_CROSS_SIZE": str(cross_size),
-        "HOROVOD_HOSTNAME": hostname,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "PYTHONUNBUFFERED": "1",
-    }
-
+    return rank_env.horovod_variables(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                                      cross_rank=cross_rank, cross_size=cross_size, hostname=hostname)
 
 def is_python(program: str) -> bool:
     """``python``, ``python3``, ``python3.11`` or this interpreter's own path."""
