@@ -52,12 +52,13 @@ def main(argv: list[str]) -> int:
 
 def _job_store():  # noqa: ANN202 - torch is imported here, in the rank, never in Spark's worker
     from ringtrain.engine import job_store
+    from ringtrain.engine.settings import read_knob
 
     address = job_store.address_from_environ(os.environ)
     if address is None:
         raise RuntimeError(f"{job_store.ENV_ADDRESS} is not set: this module runs only under "
                            "ringtrain.spark.run")
-    timeout = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "60"))
+    timeout = float(read_knob("gloo_timeout_s"))  # the driver sets it (spark/places.py's rank_environ)
     return job_store.JobStore(address, job_store.secret_from_environ(os.environ), timeout=timeout)
 
 
