@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.engine import job_store
-from ringtrain.engine.netutil import route_address
 from ringtrain.ray import cluster
 from ringtrain.ray.ranks import RankPlace, WorkerNode, assign_ranks, worker_environ
 from ringtrain.ray.settings import RaySettings, create_settings
@@ -196,16 +195,7 @@ class RayExecutor:
     def _store_host(self) -> str:
         """Where the job store listens: loopback when every rank runs on the driver's node, else the
         address this host uses toward the ranks' nodes (the driver's Ray node address when they differ)."""
-        import ray
-
-        here = ray.util.get_node_ip_address()
-        remote = sorted({p.node.node_ip for p in self._places if p.node.node_ip != here})
-        if not remote:
-            return "127.0.0.1"
-        routes = {route_address(ip) for ip in remote}
-        if len(routes) == 1 and None not in routes:
-            return str(routes.pop())
-        return here
+        return cluster.store_host(p.node.node_ip for p in self._places)
 
     def _startup_get(self, refs: list[Any], what: str) -> list[Any]:
         try:
