@@ -88,8 +88,9 @@ class Coordinator:
         if isinstance(world_rank, bool) or not isinstance(world_rank, int) or world_rank < 0:
             raise ValueError(f"world_rank={world_rank!r} must be a whole number of at least 0.")
         if world_rank in self._nodes:
-            raise ValueError(f"world_rank={world_rank} is registered twice (on {self._nodes[world_rank].hostname} "
-                             f"and {hostname}). HINT: register each worker once.")
+            raise ValueError(f"world_rank={world_rank} is registered twice (on "
+                             f"{self._nodes[world_rank].hostname} and {hostname}). HINT: register each "
+                             "worker once.")
         self._hostnames.add(hostname)
         # the node's IP is looked up at the rendezvous: Ray Train registers by node id and host name
         self._nodes[world_rank] = WorkerNode(node_id=node_id, node_ip="", hostname=hostname)
@@ -98,8 +99,8 @@ class Coordinator:
         """Each rank's variables (rank, local and cross rank and size, host), by rank."""
         missing = sorted(set(range(len(self._nodes))) - set(self._nodes))
         if not self._nodes or missing:
-            raise ValueError(f"the registered ranks {sorted(self._nodes)} are not 0..N-1 (missing: {missing}). "
-                             "HINT: register every worker of the job, with world ranks from 0.")
+            raise ValueError(f"the registered ranks {sorted(self._nodes)} are not 0..N-1 (missing: "
+                             f"{missing}). HINT: register every worker of the job, with world ranks from 0.")
         self._places = places_of_ranks([self._nodes[rank] for rank in range(len(self._nodes))])
         return {place.rank: place_environ(place) for place in self._places}
 
@@ -112,8 +113,9 @@ class Coordinator:
         addresses = cluster.node_addresses()
         unknown = sorted({p.node.node_id for p in self._places} - set(addresses))
         if unknown:
-            raise RuntimeError(f"Ray node(s) {', '.join(n[:12] for n in unknown)} of the registered workers are not "
-                               "alive in the cluster. HINT: a node was lost while the job started; start again.")
+            raise RuntimeError(f"Ray node(s) {', '.join(n[:12] for n in unknown)} of the registered workers "
+                               "are not alive in the cluster. HINT: a node was lost while the job started; "
+                               "start again.")
         self._server, address, secret = open_job_store(addresses[p.node.node_id] for p in self._places)
         # a Coordinator that Ray Train replaces (a restart after a failure) closes its store when dropped
         self._closer = weakref.finalize(self, self._server.close)
@@ -137,8 +139,8 @@ def detect_nics(settings: Any, all_host_names: Iterable[str] | None = None,
         return None
     names = nics.split(",") if isinstance(nics, str) else list(nics)
     if not all(isinstance(n, str) and n.strip() for n in names):
-        raise ValueError(f"nics={nics!r} must name network interfaces, e.g. {{'eth0'}}. HINT: leave it out to "
-                         "let the ranks pick the route to the job store.")
+        raise ValueError(f"nics={nics!r} must name network interfaces, e.g. {{'eth0'}}. HINT: leave it "
+                         "out to let the ranks pick the route to the job store.")
     return {n.strip() for n in names}
 
 

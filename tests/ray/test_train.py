@@ -1,0 +1,92 @@
+"""Ray Train on ringtrain: Ray's own ``HorovodTrainer`` (Train V1, through the shim's Coordinator) and
+``ringtrain.ray.train.HorovodTrainer`` (Train V2), each running one unmodified Horovod training function.
+
+One local Ray cluster for the module (three logical CPUs: Train V1's trainer actor takes one besides
+the two workers), started with the shim and this checkout on its workers' path, as a user's cluster
+would be (docs/ray.md, "Ray Train"). Each trainer runs in a driver process of its own
+(``tests/ray/ray_train_horovod.py``): Train V1 or V2 is chosen when ``ray.train`` is first imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
+pytest.importorskip("pydantic", reason="ray.train needs ray[train] (pip install -e '.[test,ray]')")
+
+from ringtrain.ray.train import HorovodTrainer, RingtrainConfig  # noqa: E402
+from ringtrain.shim import SHIM_DIR  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("ray_train_horovod.py")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    saved = os.environ.get("PYTHONPATH")
+    # the raylet and its workers inherit this process's environment at ray.init: Ray Train's trainer
+    # imports `horovod` in its own actors, so the shim must be on their path
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_DIR), saved) if p)
+    try:
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def run_trainer(cluster: str, storage: Path, v2: bool) -> dict:
+    env = {**os.environ, "RAY_ADDRESS": cluster, "RAY_TRAIN_V2_ENABLED": "1" if v2 else "0",
+           "V2": str(int(v2))}
+    done = subprocess.run([sys.executable, "-m", "ringtrain.shim", str(SCRIPT), str(storage)],
+                          capture_output=True, text=True, env=env, timeout=500)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert lines, done.stdout[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def check_training(seen: dict) -> None:
+    metrics = seen["metrics"]
+    # rank 0's report: every rank's (hvd rank, size, local rank, local size, Ray's world rank, world size,
+    # local rank), after the restart from the checkpoint
+    assert metrics["places"] == [[0, 2, 0, 2, 0, 2, 0], [1, 2, 1, 2, 1, 2, 1]]
+    # 3 steps, the failure, 3 more from the checkpoint
+    assert metrics["resumed"] is True
+    assert metrics["step"] == 6
+    assert metrics["params_equal"] is True
+    assert metrics["loss"] >= 0
+    assert seen["error"] is None
+    assert seen["checkpoint"] is True
+
+
+@pytest.mark.slow
+def test_rays_own_horovod_trainer_runs_a_horovod_function_on_ringtrain(cluster: str,
+                                                                       tmp_path: Path) -> None:
+    seen = run_trainer(cluster, tmp_path, v2=False)
+    check_training(seen)
+    # the failed first attempt, as Train V1 kept it: the worker's own error, named
+    assert "RuntimeError: planned failure of rank 1 after its first report" in seen["first_failure"]
+
+
+@pytest.mark.slow
+def test_train_v2_runs_the_same_function_with_ringtrains_backend(cluster: str, tmp_path: Path) -> None:
+    check_training(run_trainer(cluster, tmp_path, v2=True))
+
+
+def test_the_v2_trainer_checks_its_config() -> None:
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        RingtrainConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="network interfaces"):
+        RingtrainConfig(nics={""})
+    with pytest.raises(TypeError, match="RingtrainConfig"):
+        HorovodTrainer(lambda: None, horovod_config=object())
