@@ -179,29 +179,70 @@ def ray_processes_under(pid: int) -> list[int]:
     return found
 
 
-def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
-                                                        tmp_path: Path) -> None:
+#: A RayExecutor job of one worker per host, allreducing until stopped; prints what ``run`` raised.
+EXECUTOR_DRIVER = """
+import socket, sys, time
+import ray
+from ringtrain.ray import RayExecutor
+
+def loop():
+    import torch
+    import ringtrain as hvd
+    hvd.init()
+    for step in range(1_000_000):
+        hvd.allreduce(torch.ones(1000))
+        if step % 10 == 0:
+            print(f"rank={hvd.rank()} host={socket.gethostname()} step={step}", flush=True)
+        time.sleep(0.05)
+
+ray.init()
+# half a CPU per worker: the `ringtrain run --ray` job of the same test takes the other halves
+executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_hosts=2, num_workers_per_host=1,
+                       cpus_per_worker=0.5)
+executor.start()
+try:
+    executor.run(loop)
+except Exception as exc:
+    print(f"RUN FAILED {type(exc).__name__}: {exc}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_lost_ray_node_is_named_by_ringtrain_run_ray_and_by_ray_executor(
+        netns_hosts: NamespaceHosts, ray_cluster: RayCluster, tmp_path: Path) -> None:
     """Last of the module: hostB's Ray node goes (its Ray processes SIGKILLed, as `ray stop --force` there
-    would; `ray stop` itself would find hostA's too, both hosts share this machine's processes)."""
+    would; `ray stop` itself would find hostA's too, both hosts share this machine's processes) while two
+    jobs run across both nodes, half a CPU per rank each: a `ringtrain run --ray` job and a RayExecutor
+    job allreducing in a loop. Both must end within 60 s, naming hostB and the rank they lost there."""
     script = tmp_path / "steps.py"
     script.write_text(RANK_SCRIPT)
-    argv = ringtrain_argv("run", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "-x", "STEPS=600",
-                          "python", str(script))
-    log = tmp_path / "job.log"
-    with open(log, "wb") as out:
+    driver = tmp_path / "executor_loop.py"
+    driver.write_text(EXECUTOR_DRIVER)
+    argv = ringtrain_argv("run", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--nproc-per-node", "1",
+                          "--ray-cpus-per-rank", "0.5", "-x", "STEPS=600", "python", str(script))
+    log, driver_log = tmp_path / "job.log", tmp_path / "driver.log"
+    with open(log, "wb") as out, open(driver_log, "wb") as driver_out:
         job = subprocess.Popen(netns_hosts.command("hostA", argv), stdout=out, stderr=subprocess.STDOUT,
                                env=clean_env(ray_cluster.env), cwd=tmp_path)
+        executor = subprocess.Popen(netns_hosts.command("hostA", [sys.executable, str(driver)]),
+                                    stdout=driver_out, stderr=subprocess.STDOUT,
+                                    env=clean_env(ray_cluster.env), cwd=ROOT)
     try:
         wait_for(lambda: "rank=1 step=2" in log.read_text(), 180, "both ranks stepping", logs=[log])
+        wait_for(lambda: all(f"rank={r} host=host" in driver_log.read_text() for r in (0, 1)), 240,
+                 "both RayExecutor ranks allreducing", logs=[driver_log, *ray_cluster.logs])
         hostb = ray_cluster.daemons[1]
         for pid in [hostb.pid, *ray_processes_under(hostb.pid)]:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         code = job.wait(timeout=120)
         took = time.monotonic() - killed
+        executor_code = executor.wait(timeout=max(1.0, 120 - took))
+        executor_took = time.monotonic() - killed
     finally:
-        if job.poll() is None:
-            job.kill()
+        for proc in (job, executor):
+            if proc.poll() is None:
+                proc.kill()
     output = log.read_text()
     assert code == 1, output[-4000:]
     report = output[output.index("Root cause"):]
@@ -209,6 +250,15 @@ def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceH
     assert re.search(r"lost Ray node \S+ \(host hostB.*with rank \d of the job", report), output[-4000:]
     print(f"the job ended {took:.1f} s after hostB's Ray node went:\n{report}")  # shown with pytest -rA
     assert took < 60, f"the job took {took:.0f} s to end after hostB's Ray node went\n{output[-4000:]}"
+    # RayExecutor.run raised WorkerLostError naming hostB's rank and node
+    driver_output = driver_log.read_text()
+    assert executor_code == 3, driver_output[-4000:]
+    failure = driver_output[driver_output.index("RUN FAILED"):].splitlines()[0]
+    print(f"RayExecutor.run raised {executor_took:.1f} s after hostB's Ray node went: {failure}")
+    rank_b = re.search(r"rank=(\d) host=hostB", driver_output).group(1)
+    named = rf"WorkerLostError: rank {rank_b} on Ray node \S+ \(host hostB, node id"
+    assert re.search(named, failure), failure
+    assert executor_took < 60, f"run() raised only {executor_took:.0f} s after hostB's node went"
     # hostB's agent, cut from its actor, stopped its rank: no process of the job is left anywhere
     wait_for(lambda: not processes_running(str(script)), 60, "every process of the job ended", logs=[log])
 

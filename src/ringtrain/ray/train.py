@@ -24,9 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-from ray.train.backend import Backend, BackendConfig
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+try:
+    import ray
+    from ray.train.backend import Backend, BackendConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(f"ringtrain.ray.train needs Ray Train, which is not installed ({exc}). HINT: pip "
+                      "install 'ringtrain[ray]' (ray[train]>=2.9) into this environment.") from None
 
 from ringtrain.engine import job_store
 from ringtrain.ray.coordinator import DEFAULT_TIMEOUT_S, detect_nics, open_job_store
