@@ -29,7 +29,7 @@ else:
 STEPS = 3
 
 
-def train_loop():
+def train_loop(config):
     import horovod.torch as hvd
 
     hvd.init()
@@ -66,7 +66,7 @@ def train_loop():
             torch.save({"model": model.state_dict(), "step": start + STEPS}, os.path.join(folder, "state.pt"))
             saved = Checkpoint.from_directory(folder)
         ray.train.report(metrics, checkpoint=saved)
-    if checkpoint is None and hvd.rank() == 1 and os.environ.get("FAIL", "1") == "1":
+    if checkpoint is None and hvd.rank() == 1 and config["fail"]:
         raise RuntimeError("planned failure of rank 1 after its first report")
 
 
@@ -75,7 +75,8 @@ def main():
     # Train V1 gives its trainer actor a CPU of its own besides the workers'
     ray.init() if os.environ.get("RAY_ADDRESS") else ray.init(num_cpus=3)
     trainer = HorovodTrainer(
-        train_loop_per_worker=train_loop, scaling_config=ScalingConfig(num_workers=2),
+        train_loop_per_worker=train_loop, train_loop_config={"fail": os.environ.get("FAIL", "1") == "1"},
+        scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="restarted", storage_path=storage,
                              failure_config=FailureConfig(max_failures=1)))
     result = trainer.fit()
