@@ -49,6 +49,10 @@ class RayGroup(RankGroup):
     ``actor``: the actor's handle; ``argv``: the agent's command line; ``env``: variables sent along
     (as the ssh place sends them); ``secret_ref``: the job's secret as a Ray object reference;
     ``ranks``: the global ranks of this node; ``node``: the actor's :meth:`~NodeAgentActor.where`.
+    ``start_timeout``: None (the default) raises Ray's error when the agent does not start; seconds
+    make a group that could not start within them (its node full or gone) one that ended at once
+    with :data:`LOST_EXIT`, :meth:`unreachable` and said so by :meth:`describe_end` (the elastic
+    driver's workers, whose failures to start are the driver's to count).
     """
 
     kind: ClassVar[str] = "ray"
@@ -57,7 +61,8 @@ class RayGroup(RankGroup):
                  actor: Any, node: Mapping[str, str], ranks: range, secret_ref: Any = None,
                  reach: Reach | None = None, talks: bool = True, lock: threading.Lock | None = None,
                  on_error_line: Callable[[str], bool] | None = None,
-                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+                 out: IO[str] | None = None, err: IO[str] | None = None,
+                 start_timeout: float | None = None) -> None:
         import ray
 
         self.host = host
@@ -80,9 +85,23 @@ class RayGroup(RankGroup):
         #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
         self._killed_at: float | None = None
         self._ray_killed = False
+        #: Whether the agent never started (see ``start_timeout``).
+        self.not_started = False
         cwd = (reach or Reach()).cwd or os.getcwd()
-        self._pid = int(ray.get(actor.start.remote(list(argv), dict(env or {}),
-                                                   [secret_ref] if secret_ref is not None else [], cwd)))
+        started = actor.start.remote(list(argv), dict(env or {}),
+                                     [secret_ref] if secret_ref is not None else [], cwd)
+        try:
+            self._pid = int(ray.get(started, timeout=start_timeout))
+        except Exception as exc:
+            if start_timeout is None:
+                raise
+            self._pid, self.lost, self.not_started = 0, exc, True
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            self._relay = threading.Thread(target=self._end, args=(LOST_EXIT,), daemon=True)
+            self._relay.start()
+            self._relay.join()
+            return
         self._relay = threading.Thread(target=self._fetch, name=f"ringtrain-ray-relay-{host}", daemon=True)
         self._relay.start()
 
@@ -212,7 +231,8 @@ class RayGroup(RankGroup):
                 ray.kill(self.actor, no_restart=True)
 
     def unreachable(self) -> bool:
-        return self.lost is not None
+        """The agent could not be started on its node (only with ``start_timeout``)."""
+        return self.not_started
 
     def lost_contact(self) -> bool:
         return self.lost is not None
@@ -224,6 +244,10 @@ class RayGroup(RankGroup):
         first, last = self.ranks[0], self.ranks[-1]
         ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
         reason = (str(self.lost).strip().splitlines() or [type(self.lost).__name__])[0]
+        if self.not_started:
+            return (f"{what} could not start on Ray node {self.node.get('node_ip', '?')} (host {self.host}) "
+                    f"as {ranks}: its actor did not start ({type(self.lost).__name__}: {reason}). HINT: the "
+                    "node may be full (other jobs' actors) or gone; see `ray status`")
         return (f"lost Ray node {self.node.get('node_ip', '?')} (host {self.host}, node id "
                 f"{self.node.get('node_id', '?')[:12]}) with {ranks} of the job: {what} died with its actor "
                 f"({type(self.lost).__name__}: {reason}). HINT: look for that node's end (ray stop, out of "
