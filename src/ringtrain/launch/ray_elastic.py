@@ -102,6 +102,7 @@ class RayHosts:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        self._free_ended()
         with self._lock:
             node = self._nodes.get(host)
         if node is None:  # gone between the discovery and this start: a worker that cannot start here
@@ -119,6 +120,21 @@ class RayHosts:
         with self._lock:
             self._groups.append(group)
         return group
+
+    def _free_ended(self) -> None:
+        """Kill the actors of workers that ended: each holds its CPUs until then, which a worker
+        started in its place may need."""
+        import ray
+
+        with self._lock:
+            ended = [g for g in self._groups if g.poll() is not None and not g.freed]
+            for group in ended:
+                group.freed = True
+        for group in ended:
+            try:
+                ray.kill(group.actor)
+            except Exception:  # noqa: BLE001 - an actor whose node is gone is not there to kill
+                pass
 
     def release(self) -> None:
         """Kill every actor this job started (their nodes may be gone already)."""

@@ -87,6 +87,8 @@ class RayGroup(RankGroup):
         self._ray_killed = False
         #: Whether the agent never started (see ``start_timeout``).
         self.not_started = False
+        #: Whether the actor was killed after the agent ended, to free its resources (the elastic driver).
+        self.freed = False
         cwd = (reach or Reach()).cwd or os.getcwd()
         started = actor.start.remote(list(argv), dict(env or {}),
                                      [secret_ref] if secret_ref is not None else [], cwd)
