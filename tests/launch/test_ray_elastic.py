@@ -52,3 +52,12 @@ def test_a_cluster_that_fails_to_answer_is_a_discovery_error(monkeypatch):
     monkeypatch.setattr(ray, "nodes", broken)
     with pytest.raises(DiscoveryError, match=r"did not answer ray.nodes\(\): ConnectionError: GCS went"):
         RayHosts(1, 0, start_timeout=5).find()
+
+
+def test_the_drivers_own_node_comes_first(monkeypatch):
+    from ringtrain.launch import ray_elastic
+
+    listing = [node("a", "10.0.0.1", CPU=1.0), node("b", "10.0.0.2", CPU=1.0), node("c", "10.0.0.3", CPU=1.0)]
+    monkeypatch.setattr(ray, "nodes", lambda: listing)
+    monkeypatch.setattr(ray_elastic, "is_local_host", lambda host: host == "10.0.0.2")
+    assert list(RayHosts(1, 0, start_timeout=5).find()) == ["10.0.0.2", "10.0.0.1", "10.0.0.3"]

@@ -6,7 +6,8 @@ over ssh. :class:`RayHosts` is both halves:
 
 - the discovery: every second, the nodes ``ray.nodes()`` counts alive, each with as many slots as
   its *total* CPUs (and GPUs, with ``--ray-gpus-per-rank``) hold ranks of ``--ray-cpus-per-rank``
-  (Horovod's Ray discovery counts the same way). A host is named by its node's IP address (host
+  (Horovod's Ray discovery counts the same way), the driver's own node first (so rank 0 starts there,
+  beside the job store), the others in Ray's order. A host is named by its node's IP address (host
   names may repeat across nodes; an address may not among living nodes). A node where one of this
   job's actors was lost is left out for the rest of the job: Ray may count a node that just died
   alive for many seconds, and a node that comes back joins under a new node id, which is used again.
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ringtrain.launch.elastic_hosts import DiscoveryError
+from ringtrain.launch.hosts import is_local_host
 from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.ray_actor import NodeAgentActor
 from ringtrain.launch.supervision import Reach
@@ -93,7 +95,8 @@ class RayHosts:
                               "hostname": str(node.get("NodeManagerHostname") or address)}
         with self._lock:
             self._nodes = nodes
-        return found
+        # The driver's own node first (rank 0 there, beside the job store), then Ray's order.
+        return dict(sorted(found.items(), key=lambda item: not is_local_host(item[0])))
 
     # --- place -----------------------------------------------------------------------------------
     def start(self, host: str, argv: Sequence[str], env: Mapping[str, str], secret: str, rank: int,
