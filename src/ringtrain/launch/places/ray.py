@@ -23,15 +23,14 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
-from ringtrain.launch.link import ALIVE_LINE, KILL_REQUEST, STOP_REQUEST
+from ringtrain.launch.link import KILL_REQUEST, STOP_REQUEST
 from ringtrain.launch.ray_actor import FETCH_WAIT_S, NodeAgentActor
-from ringtrain.launch.supervision import TAIL_LINES, RankGroup, Reach
+from ringtrain.launch.supervision import Reach, RelayedGroup
 
 #: The exit status of a group whose actor died (its process or its node lost): no status came back.
 LOST_EXIT = 255
@@ -43,7 +42,7 @@ UNAVAILABLE_GRACE_S = 3.0
 KILL_WAIT_S = 5.0
 
 
-class RayGroup(RankGroup):
+class RayGroup(RelayedGroup):
     """The driver's side of one node's agent in a :class:`NodeAgentActor` (see the module doc).
 
     ``actor``: the actor's handle; ``argv``: the agent's command line; ``env``: variables sent along
@@ -65,22 +64,15 @@ class RayGroup(RankGroup):
                  start_timeout: float | None = None) -> None:
         import ray
 
-        self.host = host
-        self.tail = []
-        self.ended_at = None
+        super().__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         self.actor = actor
         self.node = dict(node)
         self.ranks = ranks
-        self.lock = lock or threading.Lock()
-        self._on_error_line = on_error_line
-        self._out, self._err = out or sys.stdout, err or sys.stderr
         self._code: int | None = None
         #: Ray's error when the actor died (its node lost, its process killed), else None.
         self.lost: BaseException | None = None
         #: When the driver last heard from the actor (wall-clock): a lost node went after this.
         self.last_heard = time.time()
-        self._heard_beat: float | None = None
-        self._silent_for: float | None = None
         self._stopping = False
         #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
         self._killed_at: float | None = None
@@ -130,15 +122,10 @@ class RayGroup(RankGroup):
             failing_since = None
             self.last_heard = time.time()
             for is_err, line in lines:
-                if is_err:
-                    line, held = held + line, ""
-                    if line.endswith(ALIVE_LINE + "\n") or line.endswith(ALIVE_LINE):
-                        held = line[: line.rindex(ALIVE_LINE)]
-                        self._heard_beat = time.monotonic()
-                        continue
-                    if self._on_error_line is not None and self._on_error_line(line):
-                        continue
-                self._write(line, is_err)
+                if is_err:  # what a heartbeat ended on stderr goes on with the next stderr line
+                    held = self._relay_line(line, True, held)
+                else:
+                    self._relay_line(line, False)
             if code is not None:
                 if held:
                     self._write(held, True)
@@ -153,14 +140,6 @@ class RayGroup(RankGroup):
             return any(n.get("NodeID") == self.node.get("node_id") and n.get("Alive") for n in ray.nodes())
         except Exception:  # noqa: BLE001 - the cluster itself may be gone
             return True
-
-    def _write(self, line: str, is_err: bool) -> None:
-        with self.lock:
-            if is_err:
-                self.tail = (self.tail + [line])[-TAIL_LINES:]
-            dest = self._err if is_err else self._out
-            dest.write(line)
-            dest.flush()
 
     def _end(self, code: int) -> None:
         self.ended_at = time.time()
@@ -188,19 +167,6 @@ class RayGroup(RankGroup):
     def beat(self) -> None:
         if not self._stopping and self._code is None:
             self.actor.send.remote(b"\n")  # not awaited: a dead actor's error is the relay's to see
-
-    def check_silence(self, limit: float) -> bool:
-        if self._code is not None or self._heard_beat is None or self._silent_for is not None:
-            return False
-        silent = time.monotonic() - self._heard_beat
-        if silent <= limit:
-            return False
-        self._silent_for = silent
-        return True
-
-    @property
-    def silent_for(self) -> float | None:
-        return self._silent_for
 
     # --- ending ----------------------------------------------------------------------------------
     def stop(self) -> None:
