@@ -16,7 +16,9 @@ place to start a command with an environment and gets a :class:`RankGroup` back,
 
 :class:`ProcessGroup` implements all of that for places reached through a child process of this
 one (the local, ssh and srun places); a backend without such a process (Ray actors, Kubernetes
-pods) implements :class:`RankGroup` itself. docs/architecture.md walks through adding one.
+pods) builds on :class:`RelayedGroup` (the output relay, the heartbeats heard, the silence, with no
+process of its own) or implements :class:`RankGroup` itself. docs/architecture.md walks through
+adding one.
 """
 
 from __future__ import annotations
