@@ -481,7 +481,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 #: Flags that place the ranks some other way: they cannot go with --ray.
 _NOT_WITH_RAY = ("hosts", "hostfile", "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "standalone",
-                 "min_np", "max_np", "host_discovery_script")
+                 "host_discovery_script")
 
 
 def ray_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -496,10 +496,12 @@ def ray_fields(args: argparse.Namespace) -> dict[str, Any]:
     given = [name for name in _NOT_WITH_RAY if getattr(args, name, None) not in (None, False)]
     if given:
         flags = ", ".join("-H" if n == "hosts" else "--" + n.replace("_", "-") for n in given)
-        elastic = any(n in ("min_np", "max_np", "host_discovery_script") for n in given)
+        discovery = "host_discovery_script" in given
         raise UsageError(f"--ray cannot be combined with {flags}: Ray places the ranks itself"
-                         + (" (elastic jobs on Ray are not supported yet)" if elastic else "")
-                         + ". HINT: give -np N (and --nproc-per-node K for K ranks on each Ray node).")
+                         + (" (an elastic job on Ray finds its hosts in the cluster's nodes)"
+                            if discovery else "")
+                         + ". HINT: give -np N (and --nproc-per-node K for K ranks on each Ray node, or "
+                         "--min-np/--max-np for an elastic job).")
     for flag, value in (("--ray-cpus-per-rank", args.ray_cpus_per_rank),
                         ("--ray-placement-timeout", args.ray_placement_timeout)):
         if not float(value) > 0:
