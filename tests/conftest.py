@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.ordering import longest_modules_first
 from tests.ranks import RankPool
 
 
@@ -21,7 +22,9 @@ def cuda_missing_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip every test marked ``cuda`` (also through a parameter's marks) where there is no GPU."""
+    """Run the longest modules first (tests/ordering.py); skip every test marked ``cuda`` (also through a
+    parameter's marks) where there is no GPU."""
+    items[:] = longest_modules_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return

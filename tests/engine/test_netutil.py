@@ -80,6 +80,32 @@ def test_free_port_is_free_and_a_taken_one_is_refused():
             netutil.check_port_free(port)
 
 
+def test_free_ports_come_from_below_the_kernels_own_range():
+    # The kernel hands ephemeral ports to every outgoing connection: one of those could take a port
+    # picked there before the rank that is to listen on it gets to bind it (seen under load).
+    low, high = netutil.ephemeral_port_range()
+    assert 0 < low < high
+    for _ in range(20):
+        assert netutil.PORT_FLOOR <= netutil.free_port() < low
+
+
+def test_free_port_skips_ports_held_or_to_avoid(monkeypatch):
+    taken = netutil.free_port()
+    ports = iter([taken, taken + 1, taken + 2])
+    monkeypatch.setattr(netutil.random.SystemRandom, "randrange", lambda self, a, b: next(ports))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen(1)
+        assert netutil.free_port(avoid={taken + 1}) == taken + 2
+
+
+def test_free_port_lets_the_kernel_pick_where_no_room_is_left_below_its_range(monkeypatch):
+    monkeypatch.setattr(netutil, "ephemeral_port_range", lambda: (netutil.PORT_FLOOR + 10, 65000))
+    port = netutil.free_port()
+    assert port >= netutil.PORT_FLOOR + 10
+    netutil.check_port_free(port)
+
+
 def test_a_port_a_finished_job_left_in_time_wait_counts_as_free():
     # The side that closes first keeps the port in TIME_WAIT for a minute; the next job on that
     # port (a test suite reusing one port, a restarted job) must not be refused for it.

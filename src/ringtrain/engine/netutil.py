@@ -7,14 +7,16 @@ peer closed the connection" and "the address that reaches that host" mean.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ringtrain.exceptions import UsageError
 
-__all__ = ["PeerClosedError", "candidate_addresses", "check_port_free", "free_port", "interface_address",
-           "interface_addresses", "open_listener", "recv_exact", "recv_into_exact", "route_address"]
+__all__ = ["PeerClosedError", "candidate_addresses", "check_port_free", "ephemeral_port_range", "free_port",
+           "interface_address", "interface_addresses", "open_listener", "recv_exact", "recv_into_exact",
+           "route_address"]
 
 #: Linux's ioctl that reads an interface's IPv4 address.
 _SIOCGIFADDR = 0x8915
@@ -110,11 +112,52 @@ def open_listener(host: str, port: int = 0, backlog: int = 128) -> socket.socket
     return listener
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+#: The lowest port :func:`free_port` picks: above the registered services most hosts run.
+PORT_FLOOR = 20000
+#: Where Linux says which ports it hands out by itself (to ``bind(port 0)`` and outgoing connections).
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out on its own (Linux's default where the file cannot be read)."""
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as fp:
+            low, high = (int(part) for part in fp.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A TCP port nobody holds right now, for a listener that another process opens seconds later.
+
+    It is picked at random below the kernel's ephemeral range, not with ``bind(port 0)``. The kernel
+    hands ephemeral ports to every outgoing connection on the machine too, and the listener comes
+    late (a rank imports torch first): in that gap any connection could take the port, and the rank
+    then fails with "address already in use". A port below the range is only ever taken by a process
+    that binds it on purpose. ``avoid``: ports not to hand out (e.g. those of earlier attempts). Where
+    the range leaves no room below it, the kernel picks.
+    """
+    low, _ = ephemeral_port_range()
+    rng = random.SystemRandom()
+    if low - PORT_FLOOR >= 1000:
+        for _ in range(64):
+            port = rng.randrange(PORT_FLOOR, low)
+            if port in avoid:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            return port
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise OSError(f"no free TCP port on {host} outside {sorted(avoid)[:5]}... HINT: free some ports.")
 
 
 def check_port_free(port: int, host: str = "") -> None:

@@ -54,6 +54,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ringtrain.engine.job_store import JobStore
+from ringtrain.engine.netutil import free_port
 from ringtrain.exceptions import JobStoreError, RendezvousFailedError, RendezvousMismatchError
 
 #: The name this handler is registered under in torch's rendezvous registry.
@@ -294,14 +295,9 @@ class RingtrainRendezvous(RendezvousHandler):
 
     def _fresh_port(self) -> int:
         """A free port on node 0 that no earlier round handed out: never a dead attempt's address."""
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((self.bootstrap_host, 0))
-                except OSError:  # a name of this host we cannot bind (a NAT address): any interface
-                    sock.bind(("", 0))
-                port = sock.getsockname()[1]
-            if port not in self._ports_used:
+        for host in (self.bootstrap_host, ""):  # "": a name of this host we cannot bind (a NAT address)
+            with contextlib.suppress(OSError):
+                port = free_port(host, avoid=self._ports_used)
                 self._ports_used.add(port)
                 return port
         raise RendezvousFailedError("no fresh port is free on node 0 for the workers' store. HINT: free some "
