@@ -8,6 +8,7 @@ workers reach the driver's job store on hostA's address.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -151,6 +152,24 @@ def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHo
     assert "rank       : 1 of 2" in report, output[-4000:]
     assert "rank 1 gives up on purpose" in report, output[-4000:]
     assert re.search(r"host       : host[AB]", report), output[-4000:]
+
+
+def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: NamespaceHosts,
+                                                            ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The Trainer's own launcher on Ray: one CPU per node puts a rank on each, and the hostB rank gets the
+    job in its command (no file of the driver's). The smallest run that proves it: 2 steps."""
+    results = tmp_path / "results.json"
+    argv = ringtrain_argv("train", "mnist", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--threads",
+                          "1", "--epochs", "1", "--subset", "256", "--max-steps-per-epoch", "2",
+                          "--no-progress", "--results-json", str(results))
+    result = netns_hosts.run("hostA", argv, timeout=300, env=ray_cluster.env, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:] + "".join(f"\n--- {log}:\n{tail(log)}"
+                                                            for log in ray_cluster.logs)
+    assert "[0] ringtrain train: 2 rank(s)" in result.stdout, output[-4000:]
+    body = json.loads(results.read_text())  # rank 0 wrote it on its node (both hosts share this disk)
+    assert body["world_size"] == 2
+    assert [epoch["steps"] for epoch in body["epochs"]] == [2]
 
 
 def ray_processes_under(pid: int) -> list[int]:
