@@ -100,13 +100,14 @@ def test_horovods_ray_examples_on_two_hosts(netns_hosts: NamespaceHosts,
 
 # --- ringtrain run --ray: any script, one node agent per Ray node -----------------------------------
 
-#: Says where each rank runs and whether it imported Ray; rank FAIL_RANK (if set) fails, and with
-#: STEPS every rank prints a line a step until stopped.
+#: Says where each rank runs, whether it imported Ray and its niceness; rank FAIL_RANK (if set) fails,
+#: and with STEPS every rank prints a line a step until stopped.
 RANK_SCRIPT = """
 import os, socket, sys, time
 rank = int(os.environ["RANK"])
 print(f"rank={rank} local_rank={os.environ['LOCAL_RANK']} of {os.environ['WORLD_SIZE']} "
-      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules}", flush=True)
+      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules} "
+      f"nice={os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     raise RuntimeError(f"rank {rank} gives up on purpose")
 for step in range(int(os.environ.get("STEPS", "0"))):
@@ -132,13 +133,15 @@ def test_ringtrain_run_ray_puts_one_rank_on_each_ray_node(netns_hosts: Namespace
     output = result.stdout + result.stderr
     logs = "".join(f"\n--- {log}:\n{tail(log)}" for log in ray_cluster.logs)
     assert result.returncode == 0, output[-4000:] + logs
-    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+)$",
-                      result.stdout, re.MULTILINE)
+    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+) "
+                      r"nice=(-?\d+)$", result.stdout, re.MULTILINE)
     # each rank's line carries its own prefix; one CPU per node: one rank on each, local rank 0
-    assert sorted((prefix, rank, local) for prefix, rank, local, _, _ in seen) == [("0", "0", "0"),
-                                                                                  ("1", "1", "0")], output
-    assert sorted(host for *_, host, _ in seen) == ["hostA", "hostB"], output
-    assert {imported for *_, imported in seen} == {"False"}, output
+    assert sorted((prefix, rank, local) for prefix, rank, local, *_ in seen) == [("0", "0", "0"),
+                                                                                ("1", "1", "0")], output
+    assert sorted(host for *_, host, _, _ in seen) == ["hostA", "hostB"], output
+    assert {imported for *_, imported, _ in seen} == {"False"}, output
+    # not Ray's worker niceness (15): the niceness the Ray nodes were started with, as this process's
+    assert {int(nice) for *_, nice in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}, output
 
 
 def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
