@@ -60,11 +60,21 @@ def _machine_busy() -> float:
     return (sum(values) - idle - guest) / TICK
 
 
+def _waited(pid: int) -> float:
+    """Seconds ``pid`` has spent runnable but waiting for a CPU (/proc/PID/schedstat); 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fp:
+            return int(fp.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 @dataclass
 class Tracked:
     role: str
     samples: list[tuple[float, float]] = field(default_factory=list)  # (monotonic time, CPU seconds)
     nice: int = 0
+    waited: float = 0.0  # run-queue wait seconds at the last sample (ranks only)
 
 
 class CpuAccount:
@@ -118,6 +128,8 @@ class CpuAccount:
                 item.role = role
             item.samples.append((now, cpu))
             item.nice = nice
+            if item.role == "ranks":
+                item.waited = _waited(pid) or item.waited
 
     def _role_of(self, pid: int, parent: int) -> str | None:
         """A new process's role; only this benchmark's own descendants count (other people's Ray
@@ -164,6 +176,11 @@ class CpuAccount:
         if len(machine) >= 2:
             totals["other"] = max(machine[-1] - machine[0] - sum(totals.values()), 0.0)
         return totals
+
+    def rank_wait(self) -> float:
+        """Seconds the ranks (all together) were runnable but waited for a CPU, over their lives: what
+        the other processes cost them, whatever their own CPU seconds."""
+        return sum(item.waited for item in self.tracked.values() if item.role == "ranks")
 
     def rank_nice(self) -> list[int]:
         """The niceness of every rank process seen."""

@@ -67,7 +67,8 @@ def throughput(address: str | None, args: argparse.Namespace, folder: Path) -> d
              "accuracy": float(body["epochs"][-1].get("accuracy") or float("nan"))}
     if account is not None:
         low, high = account.window()
-        found.update({"window_s": high - low, "cpu_s": account.by_role(), "rank_nice": account.rank_nice()})
+        found.update({"window_s": high - low, "cpu_s": account.by_role(), "rank_nice": account.rank_nice(),
+                      "rank_wait_s": account.rank_wait()})
     return found
 
 
@@ -78,10 +79,12 @@ def cpu_table(plain: list[dict], on_ray: list[dict]) -> list[str]:
         return statistics.median(job["cpu_s"][role] for job in jobs)
 
     windows = [statistics.median(job["window_s"] for job in jobs) for jobs in (plain, on_ray)]
+    waits = [statistics.median(job["rank_wait_s"] for job in jobs) for jobs in (plain, on_ray)]
     lines = ["CPU seconds while the ranks ran (median of each arm's jobs; % of one core over the window: "
              f"plain {windows[0]:.1f} s, ray {windows[1]:.1f} s). Rank niceness: plain "
              f"{sorted({n for job in plain for n in job['rank_nice']})}, ray "
-             f"{sorted({n for job in on_ray for n in job['rank_nice']})}.", "",
+             f"{sorted({n for job in on_ray for n in job['rank_nice']})}. The ranks waited for a CPU "
+             f"(run queue, both together, median): plain {waits[0]:.2f} s, ray {waits[1]:.2f} s.", "",
              "| role | plain CPU s | plain % core | ray CPU s | ray % core |", "|---|---|---|---|---|"]
     for role in ROLES:
         values = [median(jobs, role) for jobs in (plain, on_ray)]

@@ -19,8 +19,11 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-#: Seconds one output fetch waits for lines before it returns empty (a heartbeat arrives each second).
+#: Seconds the driver waits before it asks an actor that Ray calls unavailable again.
 FETCH_WAIT_S = 0.5
+#: Seconds one output fetch waits for lines before it returns empty: longer than the agent's heartbeat
+#: (a line each second), so that a quiet job costs one round trip a second, not three in two seconds.
+OUTPUT_WAIT_S = 2.5
 #: Variables of the actor's own environment that the agent does not inherit: Ray sets
 #: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s;
 #: the others are Ray's for its worker process itself (a rank is none), the niceness one ours (below).
@@ -118,7 +121,7 @@ class NodeAgentActor:
             self.code = code
             self.changed.notify_all()
 
-    def output(self, wait_s: float = FETCH_WAIT_S) -> tuple[list[tuple[bool, str]], int | None]:
+    def output(self, wait_s: float = OUTPUT_WAIT_S) -> tuple[list[tuple[bool, str]], int | None]:
         """The agent's lines since the last call, as (is_stderr, line); and its exit status once it
         ended and every line was taken. Waits up to ``wait_s`` for something to say."""
         with self.changed:
