@@ -117,8 +117,9 @@ class CpuAccount:
                 continue
             cpu, parent, nice = stat
             item = self.tracked.get(pid)
-            if item is None or item.role == "ray daemons":
-                # Ray names a worker by what it runs now: an idle one becomes an actor (asked again)
+            if item is None or item.role not in ("ranks", "driver", "benchmark"):
+                # asked again: Ray names a worker by what it runs now (an idle one becomes an actor), and
+                # a child seen between fork and exec still shows its parent's command line
                 role = self._role_of(pid, parent)
                 if role is None:
                     self.ignored.add(pid)
