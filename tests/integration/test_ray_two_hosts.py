@@ -109,13 +109,14 @@ def test_horovods_ray_examples_on_two_hosts(netns_hosts: NamespaceHosts,
 
 # --- ringtrain run --ray: any script, one node agent per Ray node -----------------------------------
 
-#: Says where each rank runs and whether it imported Ray; rank FAIL_RANK (if set) fails, and with
-#: STEPS every rank prints a line a step until stopped.
+#: Says where each rank runs, whether it imported Ray and its niceness; rank FAIL_RANK (if set) fails,
+#: and with STEPS every rank prints a line a step until stopped.
 RANK_SCRIPT = """
 import os, socket, sys, time
 rank = int(os.environ["RANK"])
 print(f"rank={rank} local_rank={os.environ['LOCAL_RANK']} of {os.environ['WORLD_SIZE']} "
-      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules}", flush=True)
+      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules} "
+      f"nice={os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     raise RuntimeError(f"rank {rank} gives up on purpose")
 for step in range(int(os.environ.get("STEPS", "0"))):
@@ -141,13 +142,15 @@ def test_ringtrain_run_ray_puts_one_rank_on_each_ray_node(netns_hosts: Namespace
     output = result.stdout + result.stderr
     logs = "".join(f"\n--- {log}:\n{tail(log)}" for log in ray_cluster.logs)
     assert result.returncode == 0, output[-4000:] + logs
-    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+)$",
-                      result.stdout, re.MULTILINE)
+    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+) "
+                      r"nice=(-?\d+)$", result.stdout, re.MULTILINE)
     # each rank's line carries its own prefix; one CPU per node: one rank on each, local rank 0
-    assert sorted((prefix, rank, local) for prefix, rank, local, _, _ in seen) == [("0", "0", "0"),
-                                                                                  ("1", "1", "0")], output
-    assert sorted(host for *_, host, _ in seen) == ["hostA", "hostB"], output
-    assert {imported for *_, imported in seen} == {"False"}, output
+    assert sorted((prefix, rank, local) for prefix, rank, local, *_ in seen) == [("0", "0", "0"),
+                                                                                ("1", "1", "0")], output
+    assert sorted(host for *_, host, _, _ in seen) == ["hostA", "hostB"], output
+    assert {imported for *_, imported, _ in seen} == {"False"}, output
+    # not Ray's worker niceness (15): the niceness the Ray nodes were started with, as this process's
+    assert {int(nice) for *_, nice in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}, output
 
 
 def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
@@ -161,6 +164,24 @@ def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHo
     assert "rank       : 1 of 2" in report, output[-4000:]
     assert "rank 1 gives up on purpose" in report, output[-4000:]
     assert re.search(r"host       : host[AB]", report), output[-4000:]
+
+
+def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: NamespaceHosts,
+                                                            ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The Trainer's own launcher on Ray: one CPU per node puts a rank on each, and the hostB rank gets the
+    job in its command (no file of the driver's). The smallest run that proves it: 2 steps."""
+    results = tmp_path / "results.json"
+    argv = ringtrain_argv("train", "mnist", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--threads",
+                          "1", "--epochs", "1", "--subset", "256", "--max-steps-per-epoch", "2",
+                          "--no-progress", "--results-json", str(results))
+    result = netns_hosts.run("hostA", argv, timeout=300, env=ray_cluster.env, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:] + "".join(f"\n--- {log}:\n{tail(log)}"
+                                                            for log in ray_cluster.logs)
+    assert "[0] ringtrain train: 2 rank(s)" in result.stdout, output[-4000:]
+    body = json.loads(results.read_text())  # rank 0 wrote it on its node (both hosts share this disk)
+    assert body["world_size"] == 2
+    assert [epoch["steps"] for epoch in body["epochs"]] == [2]
 
 
 def kill_ray_node(daemon: subprocess.Popen[bytes]) -> None:
