@@ -21,6 +21,7 @@ from ringtrain.exceptions import AuthenticationError  # noqa: E402
 from ringtrain.ray import RayExecutor  # noqa: E402
 from ringtrain.ray.cluster import PlacementTimeoutError  # noqa: E402
 from ringtrain.ray.executor import WorkerLostError  # noqa: E402
+from tests.ray.local_cluster import start_local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPUS = 2
@@ -29,17 +30,7 @@ CPUS = 2
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A local Ray cluster of two CPUs; its workers can import this test module (by reference)."""
-    saved = os.environ.get("PYTHONPATH")
-    # the raylet and its workers inherit this process's environment at ray.init
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
-    try:
-        ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    yield ray.get_runtime_context().gcs_address
+    yield start_local_ray(CPUS, ROOT)
     ray.shutdown()
 
 

@@ -23,24 +23,16 @@ pytest.importorskip("pydantic", reason="ray.train needs ray[train] (pip install 
 
 from ringtrain.ray.train import HorovodTrainer, RingtrainConfig  # noqa: E402
 from ringtrain.shim import SHIM_DIR  # noqa: E402
+from tests.ray.local_cluster import start_local_ray  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("ray_train_horovod.py")
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    saved = os.environ.get("PYTHONPATH")
-    # the raylet and its workers inherit this process's environment at ray.init: Ray Train's trainer
-    # imports `horovod` in its own actors, so the shim must be on their path
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_DIR), saved) if p)
-    try:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    yield ray.get_runtime_context().gcs_address
+    """A local Ray cluster of three CPUs (V1's trainer actor takes one); Ray Train's actors import
+    `horovod`, so the shim is on their path."""
+    yield start_local_ray(3, SHIM_DIR)
     ray.shutdown()
 
 
