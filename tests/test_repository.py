@@ -140,6 +140,10 @@ UNPICKLERS = {
     # ringtrain.run(func): the call and its results, in a private folder this user's launcher made.
     "src/ringtrain/launch/api.py": 1,
     "src/ringtrain/launch/func_runner.py": 1,
+    # elastic Ray executors: the call (worker side) and the results (executor side) in the executor's
+    # job store, which only processes that proved the job's secret can write to.
+    "src/ringtrain/ray/elastic.py": 1,
+    "src/ringtrain/ray/elastic_call.py": 1,
     # ringtrain.spark: the rank's process reads the call its Spark task hands it on a pipe (the driver's
     # pickled function, come in the stage's task binary as every PySpark function does); the task reads
     # the result its own child wrote to a fresh private temp file.

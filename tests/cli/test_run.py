@@ -134,7 +134,10 @@ def run_cli(argv, capsys):
     (["-np", "1"], "no command to run"),
     (["-np", "2", "--ray", "python", "x.py"], "--ray 'python' is not a Ray address"),
     (["--ray", "-np", "2", "-H", "a:1,b:1", "python", "x.py"], "--ray cannot be combined with -H"),
-    (["--ray", "-np", "2", "--min-np", "1", "python", "x.py"], "elastic jobs on Ray are not supported yet"),
+    (["--ray", "-np", "2", "--min-np", "1", "--host-discovery-script", "./d.sh", "python", "x.py"],
+     "an elastic job on Ray finds its hosts in the cluster's nodes"),
+    (["--ray", "-np", "2", "--min-np", "1", "--nproc-per-node", "2", "python", "x.py"],
+     "--nproc-per-node cannot be combined with elastic mode"),
     (["--ray", "-np", "2", "--ray-cpus-per-rank", "0", "python", "x.py"], "--ray-cpus-per-rank 0.0 must be"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, needle, capsys):

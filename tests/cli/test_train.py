@@ -305,7 +305,7 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
         "--no-progress", "--max-restarts", "--min-np", "--max-np", "--host-discovery-script",
         "--oversubscribe",
-        "--signals-to-handle",
+        "--signals-to-handle", "--ray",
         # torchrun's node flags, shared with ringtrain run (they read PET_* too)
         "--nnodes", "--nproc-per-node", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
         "--standalone", "--master-addr", "--master-port", "--local-addr", "--rdzv-conf",
@@ -313,3 +313,23 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
     for flag in dashed:
         if flag.startswith("--") and "-" in flag[2:]:
             assert "--" + flag[2:].replace("-", "_") in flags, flag
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ray", "headnode"], "--ray 'headnode' is not a Ray address"),
+    (["--ray", "auto", "--nnodes", "2"], "--ray cannot be combined with --nnodes"),
+    (["--ray", "auto", "--min-np", "1", "--strategy", "horovod"],
+     "elastic jobs on Ray are not supported yet"),
+])
+def test_ray_flags_that_cannot_work_exit_2_with_a_hint(capsys, argv, message):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    assert main(["train", "mnist", "-np", "2", *QUICK, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "HINT" in err
+
+
+def test_a_rank_refuses_ray_on_its_command_line(capsys, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert main(["train", "mnist", *QUICK, "--ray", "auto"]) == 2
+    assert "--ray: this ringtrain train is a rank that a launcher started" in capsys.readouterr().err

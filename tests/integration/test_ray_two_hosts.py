@@ -8,6 +8,8 @@ workers reach the driver's job store on hostA's address.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
@@ -40,6 +42,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLES = ROOT / "tests" / "ray" / "horovod_ray_examples.py"
 GCS_PORT = 6380
+RAY_CLI = str(Path(sys.executable).with_name("ray"))
+RAY_NODE_FLAGS = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
 
 
 class RayCluster(NamedTuple):
@@ -61,25 +65,31 @@ def ray_cluster(netns_hosts: NamespaceHosts) -> Iterator[RayCluster]:
     # Ray's token authentication, with a token of this cluster's own for its nodes and its driver
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     folders = [Path(tempfile.mkdtemp(prefix="rtray", dir="/tmp")) for _ in range(2)]
-    ray_cli = str(Path(sys.executable).with_name("ray"))
-    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
     daemons = [
         spawn_daemon(netns_hosts.command("hostA", [
-            ray_cli, "start", "--head", "--port", str(GCS_PORT), "--node-ip-address", head,
-            "--include-dashboard=false", "--temp-dir", str(folders[0] / "t"), *common]),
+            RAY_CLI, "start", "--head", "--port", str(GCS_PORT), "--node-ip-address", head,
+            "--include-dashboard=false", "--temp-dir", str(folders[0] / "t"), *RAY_NODE_FLAGS]),
             folders[0] / "ray.log", env=clean_env(auth)),
-        spawn_daemon(netns_hosts.command("hostB", [
-            ray_cli, "start", "--address", f"{head}:{GCS_PORT}", "--node-ip-address",
-            netns_hosts.hosts["hostB"].address, "--temp-dir", str(folders[1] / "t"), *common]),
-            folders[1] / "ray.log", env=clean_env(auth)),
     ]
-    try:
-        yield RayCluster({"RAY_ADDRESS": f"{head}:{GCS_PORT}", **auth},
+    cluster = RayCluster({"RAY_ADDRESS": f"{head}:{GCS_PORT}", **auth},
                          [folder / "ray.log" for folder in folders], daemons)
+    daemons.append(start_node_b(netns_hosts, cluster))
+    try:
+        yield cluster
     finally:
         stop_daemons(daemons, grace=20)
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_node_b(hosts: NamespaceHosts, cluster: RayCluster) -> subprocess.Popen[bytes]:
+    """hostB's Ray node joining the head (its files in the folder of its log)."""
+    folder = cluster.logs[1].parent
+    auth = {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
+    return spawn_daemon(hosts.command("hostB", [
+        RAY_CLI, "start", "--address", cluster.env["RAY_ADDRESS"], "--node-ip-address",
+        hosts.hosts["hostB"].address, "--temp-dir", str(folder / "t"), *RAY_NODE_FLAGS]),
+        cluster.logs[1], env=clean_env(auth))
 
 
 def test_horovods_ray_examples_on_two_hosts(netns_hosts: NamespaceHosts,
@@ -99,13 +109,14 @@ def test_horovods_ray_examples_on_two_hosts(netns_hosts: NamespaceHosts,
 
 # --- ringtrain run --ray: any script, one node agent per Ray node -----------------------------------
 
-#: Says where each rank runs and whether it imported Ray; rank FAIL_RANK (if set) fails, and with
-#: STEPS every rank prints a line a step until stopped.
+#: Says where each rank runs, whether it imported Ray and its niceness; rank FAIL_RANK (if set) fails,
+#: and with STEPS every rank prints a line a step until stopped.
 RANK_SCRIPT = """
 import os, socket, sys, time
 rank = int(os.environ["RANK"])
 print(f"rank={rank} local_rank={os.environ['LOCAL_RANK']} of {os.environ['WORLD_SIZE']} "
-      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules}", flush=True)
+      f"host={socket.gethostname()} ray_imported={'ray' in sys.modules} "
+      f"nice={os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     raise RuntimeError(f"rank {rank} gives up on purpose")
 for step in range(int(os.environ.get("STEPS", "0"))):
@@ -131,13 +142,15 @@ def test_ringtrain_run_ray_puts_one_rank_on_each_ray_node(netns_hosts: Namespace
     output = result.stdout + result.stderr
     logs = "".join(f"\n--- {log}:\n{tail(log)}" for log in ray_cluster.logs)
     assert result.returncode == 0, output[-4000:] + logs
-    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+)$",
-                      result.stdout, re.MULTILINE)
+    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+) "
+                      r"nice=(-?\d+)$", result.stdout, re.MULTILINE)
     # each rank's line carries its own prefix; one CPU per node: one rank on each, local rank 0
-    assert sorted((prefix, rank, local) for prefix, rank, local, _, _ in seen) == [("0", "0", "0"),
-                                                                                  ("1", "1", "0")], output
-    assert sorted(host for *_, host, _ in seen) == ["hostA", "hostB"], output
-    assert {imported for *_, imported in seen} == {"False"}, output
+    assert sorted((prefix, rank, local) for prefix, rank, local, *_ in seen) == [("0", "0", "0"),
+                                                                                ("1", "1", "0")], output
+    assert sorted(host for *_, host, _, _ in seen) == ["hostA", "hostB"], output
+    assert {imported for *_, imported, _ in seen} == {"False"}, output
+    # not Ray's worker niceness (15): the niceness the Ray nodes were started with, as this process's
+    assert {int(nice) for *_, nice in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}, output
 
 
 def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
@@ -151,6 +164,32 @@ def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHo
     assert "rank       : 1 of 2" in report, output[-4000:]
     assert "rank 1 gives up on purpose" in report, output[-4000:]
     assert re.search(r"host       : host[AB]", report), output[-4000:]
+
+
+def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: NamespaceHosts,
+                                                            ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The Trainer's own launcher on Ray: one CPU per node puts a rank on each, and the hostB rank gets the
+    job in its command (no file of the driver's). The smallest run that proves it: 2 steps."""
+    results = tmp_path / "results.json"
+    argv = ringtrain_argv("train", "mnist", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--threads",
+                          "1", "--epochs", "1", "--subset", "256", "--max-steps-per-epoch", "2",
+                          "--no-progress", "--results-json", str(results))
+    result = netns_hosts.run("hostA", argv, timeout=300, env=ray_cluster.env, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:] + "".join(f"\n--- {log}:\n{tail(log)}"
+                                                            for log in ray_cluster.logs)
+    assert "[0] ringtrain train: 2 rank(s)" in result.stdout, output[-4000:]
+    body = json.loads(results.read_text())  # rank 0 wrote it on its node (both hosts share this disk)
+    assert body["world_size"] == 2
+    assert [epoch["steps"] for epoch in body["epochs"]] == [2]
+
+
+def kill_ray_node(daemon: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a node's ``ray start --block`` and the Ray processes under it (see ray_processes_under)."""
+    for pid in [daemon.pid, *ray_processes_under(daemon.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    daemon.wait()
 
 
 def ray_processes_under(pid: int) -> list[int]:
@@ -179,29 +218,68 @@ def ray_processes_under(pid: int) -> list[int]:
     return found
 
 
-def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
-                                                        tmp_path: Path) -> None:
+#: A RayExecutor job of one worker per host, allreducing until stopped; prints what ``run`` raised.
+EXECUTOR_DRIVER = """
+import socket, sys, time
+import ray
+from ringtrain.ray import RayExecutor
+
+def loop():
+    import torch
+    import ringtrain as hvd
+    hvd.init()
+    for step in range(1_000_000):
+        hvd.allreduce(torch.ones(1000))
+        if step % 10 == 0:
+            print(f"rank={hvd.rank()} host={socket.gethostname()} step={step}", flush=True)
+        time.sleep(0.05)
+
+ray.init()
+# half a CPU per worker: the `ringtrain run --ray` job of the same test takes the other halves
+executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_hosts=2, num_workers_per_host=1,
+                       cpus_per_worker=0.5)
+executor.start()
+try:
+    executor.run(loop)
+except Exception as exc:
+    print(f"RUN FAILED {type(exc).__name__}: {exc}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_lost_ray_node_is_named_by_ringtrain_run_ray_and_by_ray_executor(
+        netns_hosts: NamespaceHosts, ray_cluster: RayCluster, tmp_path: Path) -> None:
     """Last of the module: hostB's Ray node goes (its Ray processes SIGKILLed, as `ray stop --force` there
-    would; `ray stop` itself would find hostA's too, both hosts share this machine's processes)."""
+    would; `ray stop` itself would find hostA's too, both hosts share this machine's processes) while two
+    jobs run across both nodes, half a CPU per rank each: a `ringtrain run --ray` job and a RayExecutor
+    job allreducing in a loop. Both must end within 60 s, naming hostB and the rank they lost there."""
     script = tmp_path / "steps.py"
     script.write_text(RANK_SCRIPT)
-    argv = ringtrain_argv("run", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "-x", "STEPS=600",
-                          "python", str(script))
-    log = tmp_path / "job.log"
-    with open(log, "wb") as out:
+    driver = tmp_path / "executor_loop.py"
+    driver.write_text(EXECUTOR_DRIVER)
+    argv = ringtrain_argv("run", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--nproc-per-node", "1",
+                          "--ray-cpus-per-rank", "0.5", "-x", "STEPS=600", "python", str(script))
+    log, driver_log = tmp_path / "job.log", tmp_path / "driver.log"
+    with open(log, "wb") as out, open(driver_log, "wb") as driver_out:
         job = subprocess.Popen(netns_hosts.command("hostA", argv), stdout=out, stderr=subprocess.STDOUT,
                                env=clean_env(ray_cluster.env), cwd=tmp_path)
+        executor = subprocess.Popen(netns_hosts.command("hostA", [sys.executable, str(driver)]),
+                                    stdout=driver_out, stderr=subprocess.STDOUT,
+                                    env=clean_env(ray_cluster.env), cwd=ROOT)
     try:
         wait_for(lambda: "rank=1 step=2" in log.read_text(), 180, "both ranks stepping", logs=[log])
-        hostb = ray_cluster.daemons[1]
-        for pid in [hostb.pid, *ray_processes_under(hostb.pid)]:
-            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(f"rank={r} host=host" in driver_log.read_text() for r in (0, 1)), 240,
+                 "both RayExecutor ranks allreducing", logs=[driver_log, *ray_cluster.logs])
+        kill_ray_node(ray_cluster.daemons[1])
         killed = time.monotonic()
         code = job.wait(timeout=120)
         took = time.monotonic() - killed
+        executor_code = executor.wait(timeout=max(1.0, 120 - took))
+        executor_took = time.monotonic() - killed
     finally:
-        if job.poll() is None:
-            job.kill()
+        for proc in (job, executor):
+            if proc.poll() is None:
+                proc.kill()
     output = log.read_text()
     assert code == 1, output[-4000:]
     report = output[output.index("Root cause"):]
@@ -209,6 +287,15 @@ def test_ringtrain_run_ray_names_the_node_and_ranks_lost(netns_hosts: NamespaceH
     assert re.search(r"lost Ray node \S+ \(host hostB.*with rank \d of the job", report), output[-4000:]
     print(f"the job ended {took:.1f} s after hostB's Ray node went:\n{report}")  # shown with pytest -rA
     assert took < 60, f"the job took {took:.0f} s to end after hostB's Ray node went\n{output[-4000:]}"
+    # RayExecutor.run raised WorkerLostError naming hostB's rank and node
+    driver_output = driver_log.read_text()
+    assert executor_code == 3, driver_output[-4000:]
+    failure = driver_output[driver_output.index("RUN FAILED"):].splitlines()[0]
+    print(f"RayExecutor.run raised {executor_took:.1f} s after hostB's Ray node went: {failure}")
+    rank_b = re.search(r"rank=(\d) host=hostB", driver_output).group(1)
+    named = rf"WorkerLostError: rank {rank_b} on Ray node \S+ \(host hostB, node id"
+    assert re.search(named, failure), failure
+    assert executor_took < 60, f"run() raised only {executor_took:.0f} s after hostB's node went"
     # hostB's agent, cut from its actor, stopped its rank: no process of the job is left anywhere
     wait_for(lambda: not processes_running(str(script)), 60, "every process of the job ended", logs=[log])
 
@@ -224,3 +311,67 @@ def processes_running(needle: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+# --- ringtrain run --ray --min-np: an elastic job on the cluster's nodes ------------------------------
+
+ELASTIC_SCRIPT = ROOT / "tests" / "elastic" / "mnist_elastic.py"
+#: Small: 4 steps of 8 samples an epoch on each of the two workers.
+ELASTIC_SAMPLES = 64
+#: Lists the living nodes at hostB's address until there is none (a node SIGKILLed stays "alive" to
+#: Ray for a few seconds): a node started there meanwhile would share the address with the dead one.
+NODE_GONE = """
+import ray, sys, time
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+while [n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == sys.argv[2]]:
+    time.sleep(0.5)
+"""
+
+
+def test_ringtrain_run_ray_elastic_goes_on_without_a_lost_node(netns_hosts: NamespaceHosts,
+                                                              ray_cluster: RayCluster,
+                                                              tmp_path: Path) -> None:
+    """Last of the module (it ends with hostB's node gone): an elastic job starts one worker on each
+    Ray node; hostB's node is killed while its worker waits at a known commit; the job goes on with
+    hostA's worker alone (--min-np 1) and ends with every sample of each epoch seen once."""
+    address_b = netns_hosts.hosts["hostB"].address
+    if ray_cluster.daemons[1].poll() is not None:  # the fixed-size node-loss test took hostB's node
+        gone = netns_hosts.run("hostA", [sys.executable, "-c", NODE_GONE, ray_cluster.env["RAY_ADDRESS"],
+                                         address_b], timeout=120, env=ray_cluster.env)
+        assert gone.returncode == 0, gone.stderr[-2000:]
+        ray_cluster.daemons[1] = start_node_b(netns_hosts, ray_cluster)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ringtrain_argv("run", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--min-np", "1",
+                          "--max-np", "2", "--elastic-timeout", "120", "python", str(ELASTIC_SCRIPT), "--out",
+                          str(out), "--samples", str(ELASTIC_SAMPLES), "--stall-host", address_b,
+                          "--stall-after", "2", "--stall-count", "1")
+    log = tmp_path / "job.log"
+    with open(log, "wb") as sink:
+        job = subprocess.Popen(netns_hosts.command("hostA", argv), stdout=sink, stderr=subprocess.STDOUT,
+                               env=clean_env(ray_cluster.env), cwd=tmp_path)
+    try:
+        # the job waits (--elastic-timeout) for hostB's node to join before its first generation
+        wait_for(lambda: list(out.glob("stalled-*.json")) or job.poll() is not None, 300,
+                 "hostB's worker at its gate", logs=[log, *ray_cluster.logs])
+        assert list(out.glob("stalled-*.json")), log.read_text()[-4000:]
+        kill_ray_node(ray_cluster.daemons[1])
+        code = job.wait(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = log.read_text()
+    assert code == 0, output[-4000:]
+    address_a = netns_hosts.hosts["hostA"].address
+    first = re.search(r"generation 1: 2 worker\(s\) on (\S+)\[0\],(\S+)\[0\]", output)
+    assert first, output[-4000:]
+    assert sorted(first.groups()) == sorted([address_a, address_b]), output[-4000:]
+    assert re.search(rf"worker w\d \(rank \d on {re.escape(address_b)}\) failed: .*lost Ray node", output), \
+        output[-4000:]
+    assert f"generation 2: 1 worker(s) on {address_a}[0]" in output, output[-4000:]
+    for epoch in range(2):
+        seen = json.loads((out / f"epoch-{epoch}.json").read_text())["seen"]
+        assert seen == [1] * ELASTIC_SAMPLES, f"epoch {epoch}: {seen}"
+    assert json.loads((out / "result.json").read_text())["size"] == 1
+    wait_for(lambda: not processes_running(str(ELASTIC_SCRIPT)), 60, "every process of the job ended",
+             logs=[log])

@@ -70,3 +70,15 @@ def test_the_actor_module_imports_no_torch():
     code = "import sys, ringtrain.launch.ray_actor; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_the_agent_gets_the_actors_environment_less_what_ray_sets_for_its_worker():
+    from ringtrain.launch.ray_actor import agent_environment
+
+    actor = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0", "RAY_JOB_ID": "01000000",
+             "RAY_RAYLET_PID": "42", "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "RAY_ADDRESS": "h:6379"}
+    assert agent_environment(actor, {"RINGTRAIN_X": "1"}) == {"PATH": "/bin", "RAY_ADDRESS": "h:6379",
+                                                              "RINGTRAIN_X": "1"}
+    # a debugger the user chose is theirs; what the driver sends wins
+    assert agent_environment({"PYTHONBREAKPOINT": "ipdb.set_trace"}, {"OMP_NUM_THREADS": "4"}) == {
+        "PYTHONBREAKPOINT": "ipdb.set_trace", "OMP_NUM_THREADS": "4"}

@@ -108,3 +108,17 @@ def test_nproc_per_node_ranks_share_one_agent_which_restarts_them(local_cluster,
     assert "rank 1 fails on the first attempt" in err, err
     assert "the job finished after 1 restart(s)" in err, err
     all_cpus_free()  # the placement group was removed, the actors are gone
+
+
+@pytest.mark.slow
+def test_elastic_min_np_larger_than_the_cluster_fails_after_the_elastic_timeout_naming_both(
+        local_cluster, capsys, tmp_path):
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('no worker may start')\n")
+    code = main(["run", "--ray", "-np", "3", "--min-np", "3", "--elastic-timeout", "1", "python",
+                 str(script)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "only 2 slot(s) usable, fewer than the 3 needed (-np 3), for --elastic-timeout 1 s" in err
+    assert "the Ray cluster's living nodes (1 CPU(s) a slot)" in err
+    assert "no worker may start" not in err

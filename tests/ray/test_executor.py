@@ -21,6 +21,7 @@ from ringtrain.exceptions import AuthenticationError  # noqa: E402
 from ringtrain.ray import RayExecutor  # noqa: E402
 from ringtrain.ray.cluster import PlacementTimeoutError  # noqa: E402
 from ringtrain.ray.executor import WorkerLostError  # noqa: E402
+from tests.ray.local_cluster import start_local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPUS = 2
@@ -29,17 +30,7 @@ CPUS = 2
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A local Ray cluster of two CPUs; its workers can import this test module (by reference)."""
-    saved = os.environ.get("PYTHONPATH")
-    # the raylet and its workers inherit this process's environment at ray.init
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
-    try:
-        ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    yield ray.get_runtime_context().gcs_address
+    yield start_local_ray(CPUS, ROOT)
     ray.shutdown()
 
 
@@ -193,6 +184,47 @@ def test_a_users_error_keeps_its_type_and_names_the_rank(executor: RayExecutor) 
     with pytest.raises(KeyError, match="the user's own error") as caught:
         executor.run(rank0_raises)
     assert any("raised by rank 0 on Ray node" in note for note in getattr(caught.value, "__notes__", []))
+
+
+# --- elastic (min_workers / ElasticRayExecutor): one run, a worker lost once --------------------------
+
+def count_steps(steps: int) -> dict:
+    """Each step adds the world's size to ``total`` (an allreduce) and commits; worker w2 dies once,
+    just after its third commit."""
+    import torch
+
+    import ringtrain as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=0)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ObjectState) -> None:
+        while state.step < steps:
+            state.total += int(hvd.allreduce(torch.tensor(1), op=hvd.Sum, name="one").item())
+            state.step += 1
+            state.commit()
+            if state.step == 3 and os.environ.get("RINGTRAIN_ELASTIC_WORKER") == "w2":
+                sys.stdout.flush()
+                os._exit(1)
+
+    train(state)
+    return {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "total": state.total,
+            "worker": os.environ.get("RINGTRAIN_ELASTIC_WORKER"), "env": os.environ.get("RAY_TEST_VARIABLE")}
+
+
+@pytest.mark.slow
+def test_elastic_run_replaces_a_lost_worker_and_restores_its_state(cluster: str, capfd) -> None:
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1, max_workers=2,
+                           elastic_timeout=60)
+    executor.start(extra_env_vars={"RAY_TEST_VARIABLE": "seen"})
+    results = executor.run(count_steps, args=[6])
+    err = capfd.readouterr().err
+    # both CPUs held from the start (max 2); w2 died after step 3 (committed: 3 steps of 2), w3 took its
+    # place and got the state from rank 0: 3 more steps of 2
+    assert results == [{"rank": 0, "size": 2, "step": 6, "total": 12, "worker": "w1", "env": "seen"},
+                       {"rank": 1, "size": 2, "step": 6, "total": 12, "worker": "w3", "env": "seen"}], err
+    assert "worker w2 (rank 1 on" in err
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.ray.ranks import WorkerNode, assign_ranks, worker_environ  # noqa: E402
+from ringtrain.ray.ranks import WorkerNode, assign_ranks, places_of_ranks, worker_environ  # noqa: E402
 
 A, B, C = (WorkerNode(f"node{n}", f"10.0.0.{n}", f"host{n}") for n in (1, 2, 3))
 
@@ -29,6 +29,15 @@ def test_uneven_nodes_get_horovods_cross_rank_and_size() -> None:
     # local rank 0 lives on all three nodes, local rank 1 on B and C, local rank 2 on B alone
     assert [(by_rank[r].local_rank, by_rank[r].cross_rank, by_rank[r].cross_size) for r in range(6)] == [
         (0, 0, 3), (1, 0, 2), (2, 0, 1), (0, 1, 3), (1, 1, 2), (0, 2, 3)]
+
+
+def test_ranks_numbered_by_ray_train_keep_their_numbers() -> None:
+    # Ray Train's worker i is rank i: B's three workers still come first among the nodes (cross rank 0)
+    places = places_of_ranks([A, B, B, C, B, C])
+    assert [p.rank for p in places] == [0, 1, 2, 3, 4, 5]
+    assert [p.worker for p in places] == [0, 1, 2, 3, 4, 5]
+    assert [(p.local_rank, p.local_size, p.cross_rank, p.cross_size) for p in places] == [
+        (0, 1, 2, 3), (0, 3, 0, 3), (1, 3, 0, 2), (0, 2, 1, 3), (2, 3, 0, 1), (1, 2, 1, 2)]
 
 
 def test_one_node() -> None:

@@ -212,3 +212,34 @@ def test_files_read_by_others_are_never_left_half_written(writer, tmp_path, monk
         else:
             write_error(tmp_path, 1, "--data-dir x: no MNIST files. HINT: download them")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"min_np": 1, "max_np": 2, "trainer": QUICK.replace(strategy="horovod")},
+     "--ray cannot be combined with --min-np/--max-np/--host-discovery-script"),
+    ({"node_launch": {"nnodes": (2, 2), "num_proc": 2}}, "--ray cannot be combined with --nnodes"),
+    ({"max_restarts": 1}, "--max-restarts 1 with --ray needs --snapshot-dir"),
+])
+def test_a_ray_job_refuses_what_ray_cannot_do_here(fields, needle):
+    with pytest.raises(JobError) as info:
+        TrainJob(workload="mnist", nproc=2, ray="auto", **{"trainer": QUICK, **fields})
+    assert needle in str(info.value)
+    assert "HINT:" in str(info.value)
+
+
+def test_a_ray_job_travels_in_the_ranks_command_not_in_a_file_of_this_machine(monkeypatch):
+    """Ranks on other Ray nodes cannot read the launcher's temp folder: the job is in their command."""
+    from ringtrain.launch import ray_driver
+
+    seen = []
+    monkeypatch.setattr(ray_driver, "launch_on_ray", lambda config: seen.append(config) or 0)
+    job = TrainJob(workload="mnist", trainer=QUICK.replace(threads=2), nproc=2, subset=64,
+                   ray="10.0.0.1:6379", node_launch={"num_proc": 2, "nproc_per_node": 1})
+    assert launch_job(job) == 0
+    (config,) = seen
+    assert (config.ray, config.num_proc, config.nproc_per_node) == ("10.0.0.1:6379", 2, 1)
+    assert config.ray_cpus_per_rank == 2.0  # each rank's --threads reserved on its node
+    command = list(config.command)
+    assert command[1:3] == ["-m", "ringtrain.train.worker"]
+    assert "--job" not in command
+    assert TrainJob.from_json(command[command.index("--job-json") + 1]) == job

@@ -36,3 +36,14 @@ def test_bad_input_under_an_agent_is_left_for_the_report_not_printed(tmp_path, m
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
     assert main(["--job", str(job)]) == 2
     assert f"ringtrain train: error (rank 1): {message}" in capsys.readouterr().err
+
+
+def test_the_job_given_inline_and_an_error_folder_this_node_lacks(tmp_path, monkeypatch, capsys):
+    """A rank on another Ray node gets the job in its command, and the launcher's error folder is not
+    there: it reports as any rank without one."""
+    text = TrainJob(workload="mnist", data_dir=str(tmp_path)).to_json()  # no MNIST files there
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    assert main(["--job-json", text, "--error-dir", str(tmp_path / "on-the-launchers-node")]) == 2
+    assert "ringtrain train: error (rank 1): " in capsys.readouterr().err
+    assert not (tmp_path / "on-the-launchers-node").exists()

@@ -481,25 +481,34 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 #: Flags that place the ranks some other way: they cannot go with --ray.
 _NOT_WITH_RAY = ("hosts", "hostfile", "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "standalone",
-                 "min_np", "max_np", "host_discovery_script")
+                 "host_discovery_script")
+
+
+def ray_address(value: str, example: str) -> str:
+    """``--ray``'s value checked: ``HOST:PORT``, ``ray://HOST:PORT``, ``auto`` or ``local``; ``example``: a
+    command line that puts a bare ``--ray`` before the other flags."""
+    address = value.strip()
+    if address not in ("auto", "local") and ":" not in address:
+        raise UsageError(f"--ray {address!r} is not a Ray address. HINT: give the head's HOST:PORT (as `ray "
+                         "start --head` printed it), ray://HOST:PORT or auto; with no address, put --ray "
+                         f"before the other flags: {example}.")
+    return address
 
 
 def ray_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The Ray fields of the config, checked (none but the defaults without --ray)."""
     if args.ray is None:
         return {}
-    address = args.ray.strip()
-    if address not in ("auto", "local") and ":" not in address:
-        raise UsageError(f"--ray {address!r} is not a Ray address. HINT: give the head's HOST:PORT (as `ray "
-                         "start --head` printed it), ray://HOST:PORT or auto; with no address, put --ray "
-                         "before the other flags: ringtrain run --ray -np 2 python train.py.")
+    address = ray_address(args.ray, "ringtrain run --ray -np 2 python train.py")
     given = [name for name in _NOT_WITH_RAY if getattr(args, name, None) not in (None, False)]
     if given:
         flags = ", ".join("-H" if n == "hosts" else "--" + n.replace("_", "-") for n in given)
-        elastic = any(n in ("min_np", "max_np", "host_discovery_script") for n in given)
+        discovery = "host_discovery_script" in given
         raise UsageError(f"--ray cannot be combined with {flags}: Ray places the ranks itself"
-                         + (" (elastic jobs on Ray are not supported yet)" if elastic else "")
-                         + ". HINT: give -np N (and --nproc-per-node K for K ranks on each Ray node).")
+                         + (" (an elastic job on Ray finds its hosts in the cluster's nodes)"
+                            if discovery else "")
+                         + ". HINT: give -np N (and --nproc-per-node K for K ranks on each Ray node, or "
+                         "--min-np/--max-np for an elastic job).")
     for flag, value in (("--ray-cpus-per-rank", args.ray_cpus_per_rank),
                         ("--ray-placement-timeout", args.ray_placement_timeout)):
         if not float(value) > 0:

@@ -105,6 +105,13 @@ def register(subparsers: Any) -> None:
                           "e.g. the accuracy of a regression, is null)")
     out.add_argument(*spellings("--no-progress"), dest="progress", action="store_false",
                      help="no progress bar")
+    ray = p.add_argument_group("Ray (as ringtrain run --ray: one node agent per Ray node, as a Ray actor; "
+                               "needs pip install 'ringtrain[ray]')")
+    ray.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                     help="run the -np ranks on a Ray cluster: the head's HOST:PORT, ray://HOST:PORT, or "
+                          "auto (RAY_ADDRESS, else the cluster `ray start` began here); each rank reserves "
+                          "--threads CPUs (1). Paths (--data-dir, --snapshot-dir, --results-json, --log-dir) "
+                          "are read and written on the ranks' nodes")
     nodes = p.add_argument_group("nodes (torchrun's flags; defaults also from its PET_<FLAG> variables, "
                                  "as in ringtrain run)")
     add_node_arguments(nodes, os.environ)
@@ -127,7 +134,7 @@ def node_launch(args: argparse.Namespace) -> dict[str, Any]:
         else elastic_rendezvous.ENV_WORKER if elastic_rendezvous.enabled() else None
     if marker:
         given = [f"--{dest.replace('_', '-')}" for dest in NODE_DESTS
-                 if value_source(args, dest) == "command line"]
+                 if value_source(args, dest) == "command line"] + (["--ray"] if args.ray is not None else [])
         if given:
             raise UsageError(f"{', '.join(given)}: this ringtrain train is a rank that a launcher started "
                              f"({marker} is set), placed on its node already. HINT: give the node flags to "
@@ -165,6 +172,13 @@ def run_train(args: argparse.Namespace) -> int:
 
     defaults = get_workload(args.workload).defaults
     nodes = node_launch(args)
+    ray = None
+    if args.ray is not None:
+        from ringtrain.cli.run import ray_address
+        from ringtrain.launch.ray_driver import require_ray
+
+        ray = ray_address(args.ray, f"ringtrain train {args.workload} --ray -np 2")
+        require_ray()
     if args.max_restarts < 0:
         raise UsageError(f"{value_label(args, 'max_restarts')}{args.max_restarts} must be at least 0. "
                          "HINT: use e.g. --max-restarts 3, or 0 for no restart.")
@@ -201,7 +215,7 @@ def run_train(args: argparse.Namespace) -> int:
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, results_json=args.results_json,
                        max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
-                       host_discovery_script=args.host_discovery_script, node_launch=nodes)
+                       host_discovery_script=args.host_discovery_script, node_launch=nodes, ray=ray)
         check_before_training(job, oversubscribe=bool(args.oversubscribe))
         return launch_job(job)
     except RankInputError as exc:

@@ -35,8 +35,12 @@ BRIGHTNESS_MARGIN = 0.05
 
 
 def before_training(job: TrainJob, oversubscribe: bool = False) -> list[str]:
-    """Check ``job`` before any rank starts; raise UsageError for what would fail, return warnings."""
-    check_device(job.trainer.device)
+    """Check ``job`` before any rank starts; raise UsageError for what would fail, return warnings.
+
+    With ``--ray`` the ranks run on the Ray nodes: this machine's devices and cores say nothing of theirs.
+    """
+    if job.ray is None:
+        check_device(job.trainer.device)
     problem = data_folder_problem(job.workload, job.data_dir)
     if problem is not None:
         raise UsageError(problem)
@@ -46,7 +50,7 @@ def before_training(job: TrainJob, oversubscribe: bool = False) -> list[str]:
         if problem is not None:
             raise UsageError(problem)
     warnings = []
-    if not oversubscribe and not job.host_discovery_script:
+    if not oversubscribe and not job.host_discovery_script and job.ray is None:
         cores = usable_cores()
         threads = job.trainer.threads or max(1, cores // job.nproc)  # the Trainer's own default
         warning = oversubscription_warning(job.nproc, threads, cores,

@@ -13,14 +13,19 @@ from ringtrain.engine import auth
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, node_rank: int,
                    cross_rank: int, cross_size: int, hostname: str, store_address: str,
                    gloo_timeout_s: float) -> dict[str, str]:
-    """The names of one rank's place. ``GROUP_WORLD_SIZE`` is left out on purpose: without it the cross
-    size is read from ``CROSS_SIZE``, which is per local rank (a host with fewer ranks is in fewer
-    cross groups)."""
-    # here, not at the top: job_store imports torch, and a rank's entry (launch/worker_entry.py) takes
-    # horovod_variables before the user's command has imported anything
-    from ringtrain.engine.job_store import split_address
+    """The names of one rank's place and of the job store. ``GROUP_WORLD_SIZE`` is left out on purpose:
+    without it the cross size is read from ``CROSS_SIZE``, which is per local rank (a host with fewer
+    ranks is in fewer cross groups)."""
+    return {**place_variables(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                              node_rank=node_rank, cross_rank=cross_rank, cross_size=cross_size,
+                              hostname=hostname),
+            **store_variables(store_address=store_address, gloo_timeout_s=gloo_timeout_s)}
 
-    host, port = split_address(store_address)
+
+def place_variables(*, rank: int, size: int, local_rank: int, local_size: int, node_rank: int,
+                    cross_rank: int, cross_size: int, hostname: str) -> dict[str, str]:
+    """One rank's place alone, for drivers that learn the job store's address only later (Ray Train's
+    Horovod backend asks for the places before the rendezvous)."""
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(size),
@@ -29,11 +34,22 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, no
         "GROUP_RANK": str(node_rank),
         "CROSS_RANK": str(cross_rank),
         "CROSS_SIZE": str(cross_size),
+        **horovod_variables(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                            cross_rank=cross_rank, cross_size=cross_size, hostname=hostname),
+    }
+
+
+def store_variables(*, store_address: str, gloo_timeout_s: float) -> dict[str, str]:
+    """The job store's address, the same for every rank (the secret travels apart)."""
+    # here, not at the top: job_store imports torch, and a rank's entry (launch/worker_entry.py) takes
+    # horovod_variables before the user's command has imported anything
+    from ringtrain.engine.job_store import split_address
+
+    host, port = split_address(store_address)
+    return {
         "MASTER_ADDR": host,
         "MASTER_PORT": str(port),
         auth.ENV_ADDRESS: store_address,
-        **horovod_variables(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
-                            cross_rank=cross_rank, cross_size=cross_size, hostname=hostname),
         "HOROVOD_GLOO_TIMEOUT_SECONDS": _seconds(gloo_timeout_s),
     }
 
@@ -58,4 +74,4 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-__all__ = ["horovod_variables", "rank_variables"]
+__all__ = ["horovod_variables", "place_variables", "rank_variables", "store_variables"]

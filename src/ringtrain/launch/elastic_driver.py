@@ -46,7 +46,7 @@ from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.engine.netutil import route_address
 from ringtrain.engine.settings import read_knob
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import link, supervision
+from ringtrain.launch import link, store_host, supervision
 from ringtrain.launch.config import LaunchConfig, worker_environment
 from ringtrain.launch.elastic_hosts import (
     DEFAULT_FAILURES_TO_BLACKLIST,
@@ -131,11 +131,16 @@ class Worker:
 class ElasticDriver:
     """Runs one elastic job: ``ElasticDriver(config, environ).run()`` returns the launcher's exit code."""
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], ray_hosts: Any = None) -> None:
         self.config = config
         self.environ = dict(environ)
         self.settings = ElasticSettings.from_config(config, environ)
-        if config.host_discovery_script:
+        #: ``--ray``: the Ray cluster's nodes are the hosts and each worker runs in an actor there
+        #: (a :class:`ringtrain.launch.ray_elastic.RayHosts`); None: hosts reached by ssh or locally.
+        self.ray_hosts = ray_hosts
+        if ray_hosts is not None:
+            self.discovery = ray_hosts
+        elif config.host_discovery_script:
             self.discovery: Any = ScriptDiscovery(config.host_discovery_script, config.slots_per_host,
                                                   timeout=max(config.start_timeout, 10.0))
         elif config.hosts:
@@ -144,7 +149,8 @@ class ElasticDriver:
             self.discovery = FixedHosts({"localhost": self.settings.num_proc}, "this machine")
         self.registry = HostRegistry(cooldown_range=self.settings.cooldown_range,
                                      failures_to_blacklist=self.settings.failures_to_blacklist)
-        self.secret = job_store.new_secret()
+        # the user's exported secret where there is one (RayExecutor elastic jobs hand theirs over)
+        self.secret = store_host.node_secret(self.environ, whole_job_here=True) or job_store.new_secret()
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.failures: list[RankFailure] = []
@@ -283,7 +289,8 @@ class ElasticDriver:
         elif not reached and code == UNREACHABLE_EXIT:
             what = "it could not reach the job store from its host"
         elif not reached and group.unreachable():
-            what = f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
+            what = group.describe_end(f"worker {worker.wid}") if self.ray_hosts is not None else \
+                f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
         elif group.lost_contact():  # ssh's keep-alives gave up on the host before the heartbeats did
             what = group.describe_end(f"worker {worker.wid}")
         log(f"worker {worker.wid} (rank {rank} on {group.host}) failed: {what}")
@@ -296,6 +303,11 @@ class ElasticDriver:
             if self.registry.record_failure(group.host, f"worker {worker.wid}: {what}"):
                 log(f"host {group.host} is blacklisted after repeated failures "
                     f"({self.registry.describe()})")
+        if self.ray_hosts is not None and group.lost_contact():
+            # A lost Ray node leaves the hosts now: the next generation may be planned before the
+            # discovery thread's next round (the Ray discovery leaves out nodes whose actors were lost).
+            with contextlib.suppress(DiscoveryError):
+                self.registry.update(self.discovery.find())
 
     def _start_worker(self, wid: str, slot: rdzv.Slot) -> None:
         host = slot.hostname
@@ -314,7 +326,16 @@ class ElasticDriver:
             sharing = sum(1 for s in self.assignment.workers.values() if is_local_host(s.hostname))
         ours.update(worker_environment(self.config, self.environ, sharing, local_only=False))
         argv = [sys.executable, "-u", "-m", "ringtrain.launch.elastic_worker", *self.config.command]
-        if local:
+        if self.ray_hosts is not None:
+            # as over ssh: the launcher's variables travel, the secret goes on the worker's stdin
+            forwarded = forwarded_environment(self.environ, {**ours, ENV_SECRET_ON_STDIN: "1"})
+            for name in (ENV_SECRET, *_FOREIGN):
+                forwarded.pop(name, None)
+            group = self.ray_hosts.start(host, argv, forwarded, self.secret, slot.rank, self.lock)
+            self.workers[wid] = Worker(wid, slot.local_rank, group)
+            if self.config.verbose:
+                log(f"worker {wid} on Ray node {host}: agent pid {group.pid}")
+        elif local:
             env = {k: v for k, v in self.environ.items()
                    if k not in _FOREIGN and not k.startswith("TORCHELASTIC_")}
             env.update(ours)

@@ -75,24 +75,15 @@ def contact_timeout(peer_timeout: float, max_restarts: int = 0) -> float:
 
 # --- the driver's end ---------------------------------------------------------------------------
 
-class DriverEnd:
-    """The driver's side of one link: the child's stdin to write on, what came back on its stderr.
+class Hearing:
+    """What the driver hears of a child's heartbeats on its stderr, and the silence they measure: the
+    half of a link that needs no stdin (a Ray actor's agent is written to through the actor)."""
 
-    ``talks``: the child speaks the link from the start (a host's agent). Otherwise the driver waits
-    for its first :data:`ALIVE_LINE` before it writes beats or requests: an elastic worker whose
-    command is exec'd as another program never beats, and that program's stdin gets nothing of ours.
-    """
-
-    def __init__(self, stdin: IO[bytes] | None, talks: bool = True) -> None:
-        self.stdin = stdin
-        self.talks = talks
+    def __init__(self) -> None:
         #: When the child's last heartbeat arrived (None until the first).
         self.heard: float | None = None
         #: Seconds of silence after which the driver gave the child up (None: it did not).
         self.silent_for: float | None = None
-        self.stopping = False
-        with contextlib.suppress(OSError, AttributeError, ValueError):
-            os.set_blocking(stdin.fileno(), False)  # type: ignore[union-attr]
 
     def heard_in(self, line: str) -> str | None:
         """For a line of the child's stderr: None when it is no heartbeat; else the text before the
@@ -108,16 +99,7 @@ class DriverEnd:
         else:
             return None
         self.heard = time.monotonic()
-        self.talks = True
         return before
-
-    def beat(self) -> None:
-        """One heartbeat line on the child's stdin: it stops its ranks when they stop coming."""
-        if self.stopping or not self.talks:
-            return
-        # A full pipe (a child or an ssh that does not read) skips a beat rather than block the driver.
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            os.write(self.stdin.fileno(), b"\n")  # type: ignore[union-attr]
 
     def check_silence(self, limit: float) -> bool:
         """True (once) when the child, heard before, has said nothing for ``limit`` s."""
@@ -128,6 +110,37 @@ class DriverEnd:
             return False
         self.silent_for = silent
         return True
+
+
+class DriverEnd(Hearing):
+    """The driver's side of one link: the child's stdin to write on, what came back on its stderr.
+
+    ``talks``: the child speaks the link from the start (a host's agent). Otherwise the driver waits
+    for its first :data:`ALIVE_LINE` before it writes beats or requests: an elastic worker whose
+    command is exec'd as another program never beats, and that program's stdin gets nothing of ours.
+    """
+
+    def __init__(self, stdin: IO[bytes] | None, talks: bool = True) -> None:
+        super().__init__()
+        self.stdin = stdin
+        self.talks = talks
+        self.stopping = False
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.set_blocking(stdin.fileno(), False)  # type: ignore[union-attr]
+
+    def heard_in(self, line: str) -> str | None:
+        before = super().heard_in(line)
+        if before is not None:
+            self.talks = True  # it beats: it speaks the link
+        return before
+
+    def beat(self) -> None:
+        """One heartbeat line on the child's stdin: it stops its ranks when they stop coming."""
+        if self.stopping or not self.talks:
+            return
+        # A full pipe (a child or an ssh that does not read) skips a beat rather than block the driver.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.write(self.stdin.fileno(), b"\n")  # type: ignore[union-attr]
 
     def stop(self) -> None:
         """A stop request (the stream stays open for a kill request), or end-of-file where the child

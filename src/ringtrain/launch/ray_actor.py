@@ -19,11 +19,30 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-#: Seconds one output fetch waits for lines before it returns empty (a heartbeat arrives each second).
+#: Seconds the driver waits before it asks an actor that Ray calls unavailable again.
 FETCH_WAIT_S = 0.5
+#: Seconds one output fetch waits for lines before it returns empty: longer than the agent's heartbeat
+#: (a line each second), so that a quiet job costs one round trip a second, not three in two seconds.
+OUTPUT_WAIT_S = 2.5
 #: Variables of the actor's own environment that the agent does not inherit: Ray sets
-#: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s.
-RAY_ONLY_VARIABLES = ("OMP_NUM_THREADS",)
+#: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s;
+#: the others are Ray's for its worker process itself (a rank is none), the niceness one ours (below).
+RAY_ONLY_VARIABLES = ("OMP_NUM_THREADS", "RAY_worker_niceness", "RAY_JOB_ID", "RAY_RAYLET_PID")
+#: Variables of the actors' Ray runtime environment. Ray runs its workers at niceness 15 (its
+#: worker_niceness), and the agent and its ranks would inherit it: ranks at 15 lose the CPU to every
+#: process at 0 (Ray's daemons, the driver, anyone else's work), measured as the main cost of --ray
+#: against a plain `ringtrain run`. 0 leaves the raylet's own niceness, as Ray's job supervisor does
+#: for the job's driver.
+ACTOR_ENV_VARS = {"RAY_worker_niceness": "0"}
+
+
+def agent_environment(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """The agent's variables: the actor's ``environ`` less Ray's own for its worker (and Ray's debugger
+    as ``breakpoint()``, which would make a rank's breakpoint wait for `ray debug`), ``env`` on top."""
+    environment = {k: v for k, v in environ.items() if k not in RAY_ONLY_VARIABLES
+                   and not (k == "PYTHONBREAKPOINT" and v.startswith("ray."))}
+    environment.update({str(k): str(v) for k, v in env.items()})
+    return environment
 
 
 class NodeAgentActor:
@@ -68,8 +87,7 @@ class NodeAgentActor:
         shows in Ray's task listings) becomes the first line of its stdin. Returns the agent's pid."""
         import ray
 
-        environment = {k: v for k, v in os.environ.items() if k not in RAY_ONLY_VARIABLES}
-        environment.update({str(k): str(v) for k, v in env.items()})
+        environment = agent_environment(os.environ, env)
         pipe = subprocess.PIPE
         self.proc = subprocess.Popen([sys.executable, *list(argv)[1:]], env=environment, stdin=pipe,
                                      stdout=pipe, stderr=pipe, start_new_session=True,
@@ -103,7 +121,7 @@ class NodeAgentActor:
             self.code = code
             self.changed.notify_all()
 
-    def output(self, wait_s: float = FETCH_WAIT_S) -> tuple[list[tuple[bool, str]], int | None]:
+    def output(self, wait_s: float = OUTPUT_WAIT_S) -> tuple[list[tuple[bool, str]], int | None]:
         """The agent's lines since the last call, as (is_stderr, line); and its exit status once it
         ended and every line was taken. Waits up to ``wait_s`` for something to say."""
         with self.changed:

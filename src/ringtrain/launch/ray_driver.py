@@ -10,6 +10,10 @@ bundle stays held; and let the first actor of each node run that node's agent. F
 is a multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`): the same
 rendezvous on node 0, the same relay with rank prefixes, the same root-cause report and
 ``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
+
+With ``--min-np``/``--max-np`` the job is elastic instead (:mod:`ringtrain.launch.ray_elastic`): no
+placement group; the elastic driver starts one actor per worker on the cluster's living nodes and
+re-forms the job when a node goes or comes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_con
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.plan import HostsPlan
-from ringtrain.launch.ray_actor import NodeAgentActor
+from ringtrain.launch.ray_actor import ACTOR_ENV_VARS, NodeAgentActor
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
 
@@ -97,6 +101,10 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
             "--head`, or give its address: --ray HOST:PORT (or RAY_ADDRESS).")
         print(f"ringtrain run: error: {text}", file=sys.stderr, flush=True)
         return 1
+    if config.elastic:
+        from ringtrain.launch.ray_elastic import launch_elastic_on_ray
+
+        return launch_elastic_on_ray(config, environ)
     try:
         placement = place(config)
     except cluster.PlacementTimeoutError as exc:
@@ -136,7 +144,7 @@ def place(config: LaunchConfig) -> Placement:
                                   use_current=False, timeout_hint="raise --ray-placement-timeout")
     made = ray.remote(NodeAgentActor)
     actors = [made.options(num_cpus=resources["CPU"], num_gpus=resources["GPU"],
-                           max_concurrency=ACTOR_CONCURRENCY,
+                           max_concurrency=ACTOR_CONCURRENCY, runtime_env={"env_vars": dict(ACTOR_ENV_VARS)},
                            scheduling_strategy=in_bundle(reservation.group, index)).remote()
               for index in range(bundles)]
     try:

@@ -16,7 +16,9 @@ place to start a command with an environment and gets a :class:`RankGroup` back,
 
 :class:`ProcessGroup` implements all of that for places reached through a child process of this
 one (the local, ssh and srun places); a backend without such a process (Ray actors, Kubernetes
-pods) implements :class:`RankGroup` itself. docs/architecture.md walks through adding one.
+pods) builds on :class:`RelayedGroup` (the output relay, the heartbeats heard, the silence, with no
+process of its own) or implements :class:`RankGroup` itself. docs/architecture.md walks through
+adding one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
-from ringtrain.launch.link import DriverEnd
+from ringtrain.launch.link import DriverEnd, Hearing
 from ringtrain.launch.stopping import REPEAT_AFTER_S, killing_line
 
 #: Seconds a group gets to stop its ranks after the stop request before it is killed (both drivers).
@@ -145,7 +147,57 @@ class RankGroup(ABC):
         return lines[-1] if lines else ""
 
 
-class ProcessGroup(RankGroup):
+class RelayedGroup(RankGroup):
+    """What a group needs without a local process: its name, the relay of its output lines to this
+    process's console (the heartbeats taken out of its stderr, a tail of the rest kept) and the
+    silence those heartbeats measure. :class:`ProcessGroup` and the Ray place build on it.
+
+    ``hearing``: where heartbeats are heard (a :class:`~ringtrain.launch.link.DriverEnd` that also
+    writes to the child; a bare :class:`~ringtrain.launch.link.Hearing` by default).
+    """
+
+    def __init__(self, host: str, *, lock: threading.Lock | None = None,
+                 on_error_line: Callable[[str], bool] | None = None,
+                 out: IO[str] | None = None, err: IO[str] | None = None,
+                 hearing: Hearing | None = None) -> None:
+        self.host = host
+        self.tail = []
+        self.ended_at = None
+        self.lock = lock or threading.Lock()
+        self._on_error_line = on_error_line
+        self._out, self._err = out or sys.stdout, err or sys.stderr
+        self.hearing = hearing or Hearing()
+
+    def _relay_line(self, line: str, is_err: bool, held: str = "") -> str:
+        """Relay one line of the group's output (``held``: the text a heartbeat ended on that stream
+        before, which this line goes on); returns what to hold for the stream's next line."""
+        line = held + line
+        if is_err:
+            before = self.hearing.heard_in(line)
+            if before is not None:
+                return before
+            if self._on_error_line is not None and self._on_error_line(line):
+                return ""
+        self._write(line, is_err)
+        return ""
+
+    def _write(self, line: str, is_err: bool) -> None:
+        with self.lock:
+            if is_err:
+                self.tail = (self.tail + [line])[-TAIL_LINES:]
+            dest = self._err if is_err else self._out
+            dest.write(line)
+            dest.flush()
+
+    def check_silence(self, limit: float) -> bool:
+        return self.poll() is None and self.hearing.check_silence(limit)
+
+    @property
+    def silent_for(self) -> float | None:
+        return self.hearing.silent_for
+
+
+class ProcessGroup(RelayedGroup):
     """A group behind a child process of this one: its pipes, its relay threads and its link end.
 
     A place subclasses it and says how its command line is formed (:meth:`command`); the child runs
@@ -161,23 +213,17 @@ class ProcessGroup(RankGroup):
                  reach: Reach | None = None, talks: bool = True, lock: threading.Lock | None = None,
                  on_error_line: Callable[[str], bool] | None = None,
                  out: IO[str] | None = None, err: IO[str] | None = None) -> None:
-        self.host = host
-        self.tail = []
-        self.ended_at = None
-        self.lock = lock or threading.Lock()
-        self._on_error_line = on_error_line
+        super().__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         command, environment = self.command(list(argv), env, reach or Reach())
         pipe = subprocess.PIPE if self.piped else None
         self.proc = subprocess.Popen(command, env=environment, stdin=pipe, stdout=pipe, stderr=pipe,
                                      start_new_session=self.own_session)
         self.link = DriverEnd(self.proc.stdin, talks=talks and self.piped)
+        self.hearing = self.link  # the link hears the beats (and learns from them that the child talks)
         self.threads = []
         if self.piped:
-            self.threads = [
-                threading.Thread(target=self._relay, args=(self.proc.stdout, out or sys.stdout, False),
-                                 daemon=True),
-                threading.Thread(target=self._relay, args=(self.proc.stderr, err or sys.stderr, True),
-                                 daemon=True)]
+            self.threads = [threading.Thread(target=self._relay, args=(self.proc.stdout, False), daemon=True),
+                            threading.Thread(target=self._relay, args=(self.proc.stderr, True), daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -187,28 +233,12 @@ class ProcessGroup(RankGroup):
         """The command line that runs ``argv`` on this place, and the environment of that process."""
 
     # --- output ----------------------------------------------------------------------------------
-    def _relay(self, stream: IO[bytes], dest: IO[str], is_err: bool) -> None:
+    def _relay(self, stream: IO[bytes], is_err: bool) -> None:
         held = ""
         for raw in iter(stream.readline, b""):
-            line = held + raw.decode(errors="replace")
-            held = ""
-            if is_err:
-                before = self.link.heard_in(line)
-                if before is not None:
-                    held = before
-                    continue
-                if self._on_error_line is not None and self._on_error_line(line):
-                    continue
-            self._write(dest, line, is_err)
+            held = self._relay_line(raw.decode(errors="replace"), is_err, held)
         if held:
-            self._write(dest, held, is_err)
-
-    def _write(self, dest: IO[str], line: str, is_err: bool) -> None:
-        with self.lock:
-            if is_err:
-                self.tail = (self.tail + [line])[-TAIL_LINES:]
-            dest.write(line)
-            dest.flush()
+            self._write(held, is_err)
 
     def join_output(self, timeout: float) -> None:
         for t in self.threads:
@@ -233,13 +263,6 @@ class ProcessGroup(RankGroup):
     # --- liveness --------------------------------------------------------------------------------
     def beat(self) -> None:
         self.link.beat()
-
-    def check_silence(self, limit: float) -> bool:
-        return self.proc.poll() is None and self.link.check_silence(limit)
-
-    @property
-    def silent_for(self) -> float | None:
-        return self.link.silent_for
 
     # --- ending ----------------------------------------------------------------------------------
     def stop(self) -> None:

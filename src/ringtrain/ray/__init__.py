@@ -13,6 +13,10 @@ and runs functions or a stateful executable on all of them::
     ranks = executor.run(train_fn)        # one result per rank, in rank order
     executor.shutdown()
 
+Ray Train: :mod:`ringtrain.ray.coordinator` is what Ray Train V1's ``HorovodTrainer`` calls through
+the shim's ``horovod.ray.runner``; :mod:`ringtrain.ray.train` is a backend and a ``HorovodTrainer`` for
+Train V2 (imported on its own: it needs ``ray.train``).
+
 Ray is an optional dependency (``pip install 'ringtrain[ray]'``); importing this package without it
 raises one ImportError that says so.
 """

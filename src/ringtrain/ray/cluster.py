@@ -12,9 +12,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ringtrain.engine.netutil import route_address
 
 #: The variable Ray itself reads for the cluster to join.
 ADDRESS_VARIABLE = "RAY_ADDRESS"
@@ -119,6 +121,29 @@ def release(reservation: Reservation | None) -> None:
             remove_placement_group(reservation.group)
         except Exception:  # noqa: BLE001 - the cluster may be gone already; nothing left to free then
             pass
+
+
+def store_host(node_ips: Iterable[str]) -> str:
+    """Where a job store hosted in this process listens for ranks on the Ray nodes ``node_ips``: loopback
+    when all of them are this node, else the address this host uses toward them (this node's Ray address
+    when the routes differ)."""
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    remote = sorted({ip for ip in node_ips if ip != here})
+    if not remote:
+        return "127.0.0.1"
+    routes = {route_address(ip) for ip in remote}
+    if len(routes) == 1 and None not in routes:
+        return str(routes.pop())
+    return here
+
+
+def node_addresses() -> dict[str, str]:
+    """The IP address of every live Ray node, by node id (hex)."""
+    import ray
+
+    return {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")}
 
 
 def _resources(resources: Mapping[str, Any]) -> str:

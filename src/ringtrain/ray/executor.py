@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.engine import job_store
-from ringtrain.engine.netutil import route_address
 from ringtrain.ray import cluster
+from ringtrain.ray.elastic import ElasticJob, check_elastic
 from ringtrain.ray.ranks import RankPlace, WorkerNode, assign_ranks, worker_environ
 from ringtrain.ray.settings import RaySettings, create_settings
 from ringtrain.ray.worker import RayWorker
@@ -53,9 +53,11 @@ class RayExecutor:
     ``address`` (a ringtrain addition): the cluster to join when this process has not called
     ``ray.init`` (default ``RAY_ADDRESS``, else a local cluster).
 
-    The elastic arguments (``min_workers``, ``max_workers``, ``reset_limit``, ``cooldown_range``,
-    ``elastic_timeout``, ``override_discovery``) are checked as Horovod did and then refused with
-    NotImplementedError: elastic Ray jobs are not supported yet (docs/ray.md).
+    Elastic (``min_workers``, with ``max_workers``, ``reset_limit``, ``cooldown_range``,
+    ``elastic_timeout``; ``override_discovery`` has no effect): ``start()`` joins the cluster and each
+    ``run(fn, args, kwargs)`` is an elastic job of its own whose workers may come and go between
+    ``min_workers`` and ``max_workers`` (ray/elastic.py); ``execute`` and ``executable_cls`` are not
+    supported there (docs/ray.md).
     """
 
     create_settings = staticmethod(create_settings)
@@ -73,14 +75,11 @@ class RayExecutor:
         if min_workers is not None and num_workers is not None:
             raise ValueError(f"min_workers={min_workers} and num_workers={num_workers}: a job is either "
                              "elastic or fixed-size. HINT: keep num_workers.")
-        elastic = {"min_workers": min_workers, "max_workers": max_workers, "reset_limit": reset_limit,
-                   "cooldown_range": cooldown_range}
-        given = [name for name, value in elastic.items() if value is not None]
-        if given:
-            raise NotImplementedError(
-                f"elastic Ray jobs are not supported yet ({', '.join(given)}). HINT: give num_workers for a "
-                "fixed-size RayExecutor, or run an elastic job with `ringtrain run --min-np N --max-np M` on "
-                "a host list (docs/elastic.md).")
+        #: With ``min_workers``: the elastic job that ``start()``/``run()`` drive (ray/elastic.py).
+        self._elastic: ElasticJob | None = None
+        if min_workers is None and (reset_limit is not None or cooldown_range is not None):
+            raise ValueError("reset_limit and cooldown_range are elastic settings: they need min_workers. "
+                             "HINT: RayExecutor(settings, min_workers=1, max_workers=4, reset_limit=3).")
         if settings is None:
             settings = create_settings()
         if not isinstance(settings, RaySettings):
@@ -89,7 +88,10 @@ class RayExecutor:
         if num_hosts is not None and num_workers is not None:
             raise ValueError(f"num_workers={num_workers} and num_hosts={num_hosts}: give one of them. HINT: "
                              "num_workers=8, or num_hosts=2 with num_workers_per_host=4.")
-        if num_hosts is None and num_workers is None:
+        if num_hosts is not None and min_workers is not None:
+            raise ValueError(f"min_workers={min_workers} and num_hosts={num_hosts}: an elastic job puts as "
+                             "many workers on each node as its CPUs hold. HINT: leave num_hosts out.")
+        if num_hosts is None and num_workers is None and min_workers is None:
             raise ValueError("RayExecutor needs num_workers, or num_hosts with num_workers_per_host. HINT: "
                              "RayExecutor(settings, num_workers=2).")
         for name, value in (("num_workers", num_workers), ("num_hosts", num_hosts),
@@ -105,7 +107,13 @@ class RayExecutor:
         gpus = 1 if gpus_per_worker is None else gpus_per_worker
         if use_gpu and (isinstance(gpus, bool) or not isinstance(gpus, int | float) or gpus <= 0):
             raise ValueError(f"gpus_per_worker={gpus_per_worker!r} must be a positive number of GPUs.")
-        settings.elastic = False
+        if min_workers is not None:
+            cooldown = check_elastic(min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout,
+                                     names=("min_workers", "max_workers"))
+            self._elastic = ElasticJob(min_workers, max_workers, reset_limit, cooldown, elastic_timeout,
+                                       settings.timeout_s, cpus_per_worker, gpus if use_gpu else 0,
+                                       address=address, what="RayExecutor")
+        settings.elastic = self._elastic is not None
         self.settings = settings
         self.num_hosts = num_hosts
         self.num_workers_per_host = num_workers_per_host
@@ -114,7 +122,8 @@ class RayExecutor:
         self.gpus_per_worker = gpus if use_gpu else 0
         self.use_current_placement_group = use_current_placement_group
         self.address = address
-        self._size = num_workers if num_hosts is None else num_hosts * num_workers_per_host
+        self._size = (num_workers if num_hosts is None else num_hosts * num_workers_per_host) \
+            if min_workers is None else min_workers
         #: The worker actors in rank order (empty until ``start()``).
         self.workers: list[Any] = []
         self._places: list[RankPlace] = []
@@ -131,7 +140,18 @@ class RayExecutor:
               extra_env_vars: Mapping[str, Any] | None = None) -> None:
         """Start the workers; each builds ``executable_cls(*executable_args, **executable_kwargs)`` (when
         given) after its environment is set, so the constructor may call ``hvd.init()``.
-        ``extra_env_vars`` are set in every worker, after (and over) ringtrain's own."""
+        ``extra_env_vars`` are set in every worker, after (and over) ringtrain's own.
+
+        Elastic (``min_workers``): joins the cluster only; each :meth:`run` is a job of its own
+        (``executable_cls`` is refused: an elastic job has no long-lived workers to hold it)."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise NotImplementedError("an elastic RayExecutor (min_workers) runs functions only: "
+                                          "executable_cls is not supported. HINT: build the object inside "
+                                          "the function given to run().")
+            self._elastic.env_vars.update({str(k): str(v) for k, v in (extra_env_vars or {}).items()})
+            self._elastic.start()
+            return
         if self.workers:
             raise RuntimeError("this RayExecutor is started already. HINT: call shutdown() first.")
         cluster.connect(self.address, self.settings.timeout_s)
@@ -196,16 +216,7 @@ class RayExecutor:
     def _store_host(self) -> str:
         """Where the job store listens: loopback when every rank runs on the driver's node, else the
         address this host uses toward the ranks' nodes (the driver's Ray node address when they differ)."""
-        import ray
-
-        here = ray.util.get_node_ip_address()
-        remote = sorted({p.node.node_ip for p in self._places if p.node.node_ip != here})
-        if not remote:
-            return "127.0.0.1"
-        routes = {route_address(ip) for ip in remote}
-        if len(routes) == 1 and None not in routes:
-            return str(routes.pop())
-        return here
+        return cluster.store_host(p.node.node_ip for p in self._places)
 
     def _startup_get(self, refs: list[Any], what: str) -> list[Any]:
         try:
@@ -225,7 +236,10 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], args: Sequence[Any] | None = None,
             kwargs: Mapping[str, Any] | None = None,
             callbacks: Iterable[Callable[..., Any]] | None = None) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
+        """``fn(*args, **kwargs)`` on every rank; the results in rank order (elastic: of the ranks of the
+        job's last generation)."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, tuple(args or ()), dict(kwargs or {}))
         self._check_started("run")
         return self._gather(self.run_remote(fn, args, kwargs), "run()")
 
@@ -260,6 +274,10 @@ class RayExecutor:
             self._store = None
 
     def _check_started(self, what: str) -> None:
+        if self._elastic is not None:
+            raise NotImplementedError(f"{what}() is not supported by an elastic RayExecutor (min_workers): "
+                                      "its workers live as long as one run(). HINT: use run(fn, args, "
+                                      "kwargs).")
         if not self.workers:
             raise RuntimeError(f"{what}() before start(): no workers are running. HINT: call "
                                "executor.start() first (again after a failure or shutdown()).")

@@ -42,6 +42,17 @@ class RankPlace:
 
 def assign_ranks(nodes: Sequence[WorkerNode]) -> list[RankPlace]:
     """Ranks for workers created in order, ``nodes[i]`` being where worker ``i`` runs; in rank order."""
+    return _places(nodes, renumber=True)
+
+
+def places_of_ranks(nodes: Sequence[WorkerNode]) -> list[RankPlace]:
+    """The places of workers numbered already, ``nodes[r]`` being where rank ``r`` runs (Ray Train numbers
+    its workers itself): local ranks count a node's workers in rank order, nodes are ordered as in
+    :func:`assign_ranks`, so the cross rank is again the node's index. In rank order."""
+    return sorted(_places(nodes, renumber=False), key=lambda place: place.rank)
+
+
+def _places(nodes: Sequence[WorkerNode], renumber: bool) -> list[RankPlace]:
     groups: dict[str, list[int]] = {}
     for index, node in enumerate(nodes):
         groups.setdefault(node.node_id, []).append(index)
@@ -51,8 +62,8 @@ def assign_ranks(nodes: Sequence[WorkerNode]) -> list[RankPlace]:
     for node_rank, members in enumerate(ordered):
         for local_rank, worker in enumerate(members):
             places.append(RankPlace(
-                worker=worker, rank=len(places), size=len(nodes), local_rank=local_rank,
-                local_size=len(members), node_rank=node_rank, cross_rank=node_rank,
+                worker=worker, rank=len(places) if renumber else worker, size=len(nodes),
+                local_rank=local_rank, local_size=len(members), node_rank=node_rank, cross_rank=node_rank,
                 cross_size=sum(1 for c in counts if c > local_rank), node=nodes[worker]))
     return places
 

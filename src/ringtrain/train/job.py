@@ -74,11 +74,14 @@ class TrainJob:
     the flags or torchrun's ``PET_*`` variables, as ``ringtrain run`` reads them), with ``num_proc`` when -np
     was given: the launcher places the ranks on the nodes (and completes them from a pod's variables).
     Empty: the ranks run on this machine alone."""
+    ray: str | None = None
+    """``--ray [ADDRESS]``: the ranks run on this Ray cluster (``ringtrain run --ray``), one node agent per
+    Ray node; the job travels in the ranks' command line, not in a file of this machine. None: not on Ray."""
 
     @property
     def launched(self) -> bool:
         """The ranks are started by the launcher; otherwise the job runs in the calling process."""
-        return self.nproc > 1 or self.elastic or bool(self.node_launch)
+        return self.nproc > 1 or self.elastic or bool(self.node_launch) or self.ray is not None
 
     @property
     def elastic(self) -> bool:
@@ -109,6 +112,8 @@ class TrainJob:
                                "--max-np/--host-discovery-script: the elastic driver replaces failed workers "
                                "itself. "
                                "HINT: drop --max-restarts, or drop the elastic flags for whole-job restarts.")
+        if self.ray is not None:
+            self._check_ray()
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
@@ -128,6 +133,22 @@ class TrainJob:
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
                            f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
+
+    def _check_ray(self) -> None:
+        if self.elastic:
+            raise JobError("--ray cannot be combined with --min-np/--max-np/--host-discovery-script: elastic "
+                           "jobs on Ray are not supported yet. HINT: drop the elastic flags (--max-restarts "
+                           "restarts the whole job), or leave --ray out.")
+        placed = sorted(set(self.node_launch) - {"num_proc", "nproc_per_node"})
+        if placed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in placed)
+            raise JobError(f"--ray cannot be combined with {flags}: Ray places the ranks itself. HINT: give "
+                           "-np N (and --nproc-per-node K for K ranks on each Ray node).")
+        if self.max_restarts and not self.trainer.snapshot_dir:
+            raise JobError(f"--max-restarts {self.max_restarts} with --ray needs --snapshot-dir: a restart "
+                           "resumes from the last snapshot, and the ranks on other Ray nodes cannot reach a "
+                           "temporary folder of this machine. HINT: give --snapshot-dir a folder every Ray "
+                           "node sees (a shared file system).")
 
     def to_json(self) -> str:
         """The job as JSON (the worker's input)."""
@@ -426,17 +447,30 @@ def _launch(job: TrainJob) -> int:
     try:
         if job.max_restarts and not job.trainer.snapshot_dir:
             job = _with_restart_snapshots(job, folder / "snapshots")
-        spec = folder / "job.json"
-        spec.write_text(job.to_json())
         errors = folder / "errors"
         errors.mkdir()
-        command = (sys.executable, "-m", "ringtrain.train.worker", "--job", str(spec),
-                   "--error-dir", str(errors))
+        if job.ray is not None:
+            # Ranks on other Ray nodes cannot read a file of this machine: the job goes in their command,
+            # which reaches every node's agent in its config. The error folder serves the ranks on this
+            # node; the others report through their agent's root-cause report.
+            given = ("--job-json", json.dumps(json.loads(job.to_json()), separators=(",", ":")))
+        else:
+            spec = folder / "job.json"
+            spec.write_text(job.to_json())
+            given = ("--job", str(spec))
+        command = (sys.executable, "-m", "ringtrain.train.worker", *given, "--error-dir", str(errors))
         # torchrun's node settings: the plan spreads the ranks over the nodes, -np (when given) in all
         settings = {"num_proc": None if job.node_launch else job.nproc, **job.node_launch}
-        code = launch(LaunchConfig(command=command, max_restarts=job.max_restarts, min_np=job.min_np,
-                                   max_np=job.max_np, host_discovery_script=job.host_discovery_script,
-                                   **settings))
+        config = LaunchConfig(command=command, max_restarts=job.max_restarts, min_np=job.min_np,
+                              max_np=job.max_np, host_discovery_script=job.host_discovery_script, **settings)
+        if job.ray is not None:
+            from ringtrain.launch.ray_driver import launch_on_ray
+
+            # each rank's share of its Ray node: the threads it will run (1 unless --threads says more)
+            code = launch_on_ray(dataclasses.replace(config, ray=job.ray,
+                                                     ray_cpus_per_rank=float(job.trainer.threads or 1)))
+        else:
+            code = launch(config)
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         note = errors / NOTE_NAME
         if code != 0 and note.exists():  # the ranks stopped for a signal, their snapshot written

@@ -1,4 +1,5 @@
-"""One rank of ``ringtrain train``: ``python -m ringtrain.train.worker --job JOB.json [--error-dir DIR]``.
+"""One rank of ``ringtrain train``: ``python -m ringtrain.train.worker --job JOB.json [--error-dir DIR]``
+(or ``--job-json TEXT``: the job itself, for ranks on other nodes, which cannot read the launcher's file).
 
 Started by ``ringtrain run`` (or any launcher: torchrun, srun, mpirun) on every rank.
 Bad input exits 2 with the message in ``DIR/rank-N.txt`` for ``ringtrain train``, and in the error file
@@ -29,13 +30,21 @@ from ringtrain.train.preemption import NOTE_NAME, PREEMPTED_EXIT, Preempted
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one rank of the job described by ``--job``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m ringtrain.train.worker")
-    parser.add_argument("--job", required=True, help="JSON file written by ringtrain train")
-    parser.add_argument("--error-dir", help="folder for rank-N.txt files holding input errors")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--job", help="JSON file written by ringtrain train")
+    given.add_argument("--job-json", help="the job's JSON itself (ranks on other nodes than the launcher's)")
+    parser.add_argument("--error-dir", help="folder for rank-N.txt files holding input errors (used where "
+                                            "it exists: a rank on another node reports through its agent)")
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
+    if args.error_dir and not os.path.isdir(args.error_dir):
+        args.error_dir = None  # the launcher's folder is not on this node (ringtrain train --ray)
     try:
-        with open(args.job, encoding="utf-8") as fp:
-            job = TrainJob.from_json(fp.read())
+        if args.job_json is not None:
+            job = TrainJob.from_json(args.job_json)
+        else:
+            with open(args.job, encoding="utf-8") as fp:
+                job = TrainJob.from_json(fp.read())
         run_job(job)
     except input_errors() as exc:
         message = str(exc)

@@ -3,7 +3,8 @@
 A new backend (Ray actors, Kubernetes pods, ...) is a module beside these that implements
 :class:`ringtrain.launch.supervision.RankGroup` (or subclasses
 :class:`~ringtrain.launch.supervision.ProcessGroup` when a child process of the driver stands for the
-group) and one line in :data:`PLACES`; docs/architecture.md walks through it.
+group, :class:`~ringtrain.launch.supervision.RelayedGroup` when only its output comes here, as Ray's)
+and one line in :data:`PLACES`; docs/architecture.md walks through it.
 """
 
 from __future__ import annotations

@@ -23,15 +23,14 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
-from ringtrain.launch.link import ALIVE_LINE, KILL_REQUEST, STOP_REQUEST
+from ringtrain.launch.link import KILL_REQUEST, STOP_REQUEST
 from ringtrain.launch.ray_actor import FETCH_WAIT_S, NodeAgentActor
-from ringtrain.launch.supervision import TAIL_LINES, RankGroup, Reach
+from ringtrain.launch.supervision import Reach, RelayedGroup
 
 #: The exit status of a group whose actor died (its process or its node lost): no status came back.
 LOST_EXIT = 255
@@ -43,12 +42,16 @@ UNAVAILABLE_GRACE_S = 3.0
 KILL_WAIT_S = 5.0
 
 
-class RayGroup(RankGroup):
+class RayGroup(RelayedGroup):
     """The driver's side of one node's agent in a :class:`NodeAgentActor` (see the module doc).
 
     ``actor``: the actor's handle; ``argv``: the agent's command line; ``env``: variables sent along
     (as the ssh place sends them); ``secret_ref``: the job's secret as a Ray object reference;
     ``ranks``: the global ranks of this node; ``node``: the actor's :meth:`~NodeAgentActor.where`.
+    ``start_timeout``: None (the default) raises Ray's error when the agent does not start; seconds
+    make a group that could not start within them (its node full or gone) one that ended at once
+    with :data:`LOST_EXIT`, :meth:`unreachable` and said so by :meth:`describe_end` (the elastic
+    driver's workers, whose failures to start are the driver's to count).
     """
 
     kind: ClassVar[str] = "ray"
@@ -57,32 +60,42 @@ class RayGroup(RankGroup):
                  actor: Any, node: Mapping[str, str], ranks: range, secret_ref: Any = None,
                  reach: Reach | None = None, talks: bool = True, lock: threading.Lock | None = None,
                  on_error_line: Callable[[str], bool] | None = None,
-                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+                 out: IO[str] | None = None, err: IO[str] | None = None,
+                 start_timeout: float | None = None) -> None:
         import ray
 
-        self.host = host
-        self.tail = []
-        self.ended_at = None
+        super().__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         self.actor = actor
         self.node = dict(node)
         self.ranks = ranks
-        self.lock = lock or threading.Lock()
-        self._on_error_line = on_error_line
-        self._out, self._err = out or sys.stdout, err or sys.stderr
         self._code: int | None = None
         #: Ray's error when the actor died (its node lost, its process killed), else None.
         self.lost: BaseException | None = None
         #: When the driver last heard from the actor (wall-clock): a lost node went after this.
         self.last_heard = time.time()
-        self._heard_beat: float | None = None
-        self._silent_for: float | None = None
         self._stopping = False
         #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
         self._killed_at: float | None = None
         self._ray_killed = False
+        #: Whether the agent never started (see ``start_timeout``).
+        self.not_started = False
+        #: Whether the actor was killed after the agent ended, to free its resources (the elastic driver).
+        self.freed = False
         cwd = (reach or Reach()).cwd or os.getcwd()
-        self._pid = int(ray.get(actor.start.remote(list(argv), dict(env or {}),
-                                                   [secret_ref] if secret_ref is not None else [], cwd)))
+        started = actor.start.remote(list(argv), dict(env or {}),
+                                     [secret_ref] if secret_ref is not None else [], cwd)
+        try:
+            self._pid = int(ray.get(started, timeout=start_timeout))
+        except Exception as exc:
+            if start_timeout is None:
+                raise
+            self._pid, self.lost, self.not_started = 0, exc, True
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            self._relay = threading.Thread(target=self._end, args=(LOST_EXIT,), daemon=True)
+            self._relay.start()
+            self._relay.join()
+            return
         self._relay = threading.Thread(target=self._fetch, name=f"ringtrain-ray-relay-{host}", daemon=True)
         self._relay.start()
 
@@ -109,15 +122,10 @@ class RayGroup(RankGroup):
             failing_since = None
             self.last_heard = time.time()
             for is_err, line in lines:
-                if is_err:
-                    line, held = held + line, ""
-                    if line.endswith(ALIVE_LINE + "\n") or line.endswith(ALIVE_LINE):
-                        held = line[: line.rindex(ALIVE_LINE)]
-                        self._heard_beat = time.monotonic()
-                        continue
-                    if self._on_error_line is not None and self._on_error_line(line):
-                        continue
-                self._write(line, is_err)
+                if is_err:  # what a heartbeat ended on stderr goes on with the next stderr line
+                    held = self._relay_line(line, True, held)
+                else:
+                    self._relay_line(line, False)
             if code is not None:
                 if held:
                     self._write(held, True)
@@ -132,14 +140,6 @@ class RayGroup(RankGroup):
             return any(n.get("NodeID") == self.node.get("node_id") and n.get("Alive") for n in ray.nodes())
         except Exception:  # noqa: BLE001 - the cluster itself may be gone
             return True
-
-    def _write(self, line: str, is_err: bool) -> None:
-        with self.lock:
-            if is_err:
-                self.tail = (self.tail + [line])[-TAIL_LINES:]
-            dest = self._err if is_err else self._out
-            dest.write(line)
-            dest.flush()
 
     def _end(self, code: int) -> None:
         self.ended_at = time.time()
@@ -167,19 +167,6 @@ class RayGroup(RankGroup):
     def beat(self) -> None:
         if not self._stopping and self._code is None:
             self.actor.send.remote(b"\n")  # not awaited: a dead actor's error is the relay's to see
-
-    def check_silence(self, limit: float) -> bool:
-        if self._code is not None or self._heard_beat is None or self._silent_for is not None:
-            return False
-        silent = time.monotonic() - self._heard_beat
-        if silent <= limit:
-            return False
-        self._silent_for = silent
-        return True
-
-    @property
-    def silent_for(self) -> float | None:
-        return self._silent_for
 
     # --- ending ----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -212,7 +199,8 @@ class RayGroup(RankGroup):
                 ray.kill(self.actor, no_restart=True)
 
     def unreachable(self) -> bool:
-        return self.lost is not None
+        """The agent could not be started on its node (only with ``start_timeout``)."""
+        return self.not_started
 
     def lost_contact(self) -> bool:
         return self.lost is not None
@@ -224,6 +212,10 @@ class RayGroup(RankGroup):
         first, last = self.ranks[0], self.ranks[-1]
         ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
         reason = (str(self.lost).strip().splitlines() or [type(self.lost).__name__])[0]
+        if self.not_started:
+            return (f"{what} could not start on Ray node {self.node.get('node_ip', '?')} (host {self.host}) "
+                    f"as {ranks}: its actor did not start ({type(self.lost).__name__}: {reason}). HINT: the "
+                    "node may be full (other jobs' actors) or gone; see `ray status`")
         return (f"lost Ray node {self.node.get('node_ip', '?')} (host {self.host}, node id "
                 f"{self.node.get('node_id', '?')[:12]}) with {ranks} of the job: {what} died with its actor "
                 f"({type(self.lost).__name__}: {reason}). HINT: look for that node's end (ray stop, out of "
