@@ -164,6 +164,7 @@ def test_start_up_probes_run_like_the_script_at_every_size(monkeypatch):
     from ringtrain.bench.plan import STARTUP, startup_runs
 
     monkeypatch.setattr(ringtrain.shim, "real_horovod_importable", lambda: False)
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # a shim already there would not be added again
     settings = BenchSettings(command=("python", "train.py", "--epochs", "1"), nps=(2, 4), repeats=2)
     probes = startup_runs(settings, threads=1, python="PY")
     assert [(p.np, p.repeat) for p in probes] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]

@@ -49,8 +49,13 @@ def test_unmodified_script_on_two_ranks(tmp_path, how):
     _check_results(tmp_path)
 
 
-def test_shim_main_without_arguments_and_missing_script(capsys):
+def test_shim_main_without_arguments_and_missing_script(capsys, monkeypatch):
     from ringtrain.shim.__main__ import main as shim_main
+
+    # main() enables the shim in this process (sys.path, PYTHONPATH) before it finds the script missing:
+    # undo that after the test, or later tests of this worker see a shim already on PYTHONPATH
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
 
     assert shim_main([]) == 2
     assert shim_main(["/no/such/script.py"]) == 2
