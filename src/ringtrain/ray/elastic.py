@@ -26,6 +26,7 @@ from typing import Any
 
 from ringtrain.engine import auth, job_store
 from ringtrain.ray import cluster
+from ringtrain.ray.settings import resources_per_rank
 
 #: Lines of the launcher's stderr kept for the error of a failed job.
 _TAIL_LINES = 30
@@ -210,15 +211,8 @@ class ElasticRayExecutor:
         if not isinstance(settings, ElasticRaySettings):
             raise TypeError(f"settings={settings!r} is not from ElasticRayExecutor.create_settings(). HINT: "
                             "ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=4).")
-        if isinstance(cpus_per_slot, bool) or not isinstance(cpus_per_slot, int | float) \
-                or cpus_per_slot <= 0:
-            raise ValueError(f"cpus_per_slot={cpus_per_slot!r} must be a positive number of CPUs.")
-        if gpus_per_slot is not None and not use_gpu:
-            raise ValueError(f"gpus_per_slot={gpus_per_slot} without use_gpu=True reserves no GPU. HINT: add "
-                             "use_gpu=True, or leave gpus_per_slot out.")
-        gpus = (1 if gpus_per_slot is None else gpus_per_slot) if use_gpu else 0
-        if use_gpu and (isinstance(gpus, bool) or not isinstance(gpus, int | float) or gpus <= 0):
-            raise ValueError(f"gpus_per_slot={gpus_per_slot!r} must be a positive number of GPUs.")
+        gpus = resources_per_rank(cpus_per_slot, gpus_per_slot, use_gpu, cpus_name="cpus_per_slot",
+                                  gpus_name="gpus_per_slot")
         self.settings = settings
         self._job = ElasticJob(settings.min_num_proc, settings.max_num_proc, settings.reset_limit,
                                settings.cooldown_range, settings.elastic_timeout, settings.timeout_s,

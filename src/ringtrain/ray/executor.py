@@ -24,7 +24,7 @@ from ringtrain.engine import job_store
 from ringtrain.ray import cluster
 from ringtrain.ray.elastic import ElasticJob, check_elastic
 from ringtrain.ray.ranks import RankPlace, WorkerNode, assign_ranks, worker_environ
-from ringtrain.ray.settings import RaySettings, create_settings
+from ringtrain.ray.settings import RaySettings, create_settings, resources_per_rank
 from ringtrain.ray.worker import RayWorker
 
 #: Seconds between checks on the running ranks while waiting for their results.
@@ -98,20 +98,13 @@ class RayExecutor:
                             ("num_workers_per_host", num_workers_per_host)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a whole number of at least 1.")
-        if isinstance(cpus_per_worker, bool) or not isinstance(cpus_per_worker, int | float) \
-                or cpus_per_worker <= 0:
-            raise ValueError(f"cpus_per_worker={cpus_per_worker!r} must be a positive number of CPUs.")
-        if gpus_per_worker is not None and not use_gpu:
-            raise ValueError(f"gpus_per_worker={gpus_per_worker} without use_gpu=True reserves no GPU. HINT: "
-                             "add use_gpu=True, or leave gpus_per_worker out.")
-        gpus = 1 if gpus_per_worker is None else gpus_per_worker
-        if use_gpu and (isinstance(gpus, bool) or not isinstance(gpus, int | float) or gpus <= 0):
-            raise ValueError(f"gpus_per_worker={gpus_per_worker!r} must be a positive number of GPUs.")
+        gpus = resources_per_rank(cpus_per_worker, gpus_per_worker, use_gpu, cpus_name="cpus_per_worker",
+                                  gpus_name="gpus_per_worker")
         if min_workers is not None:
             cooldown = check_elastic(min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout,
                                      names=("min_workers", "max_workers"))
             self._elastic = ElasticJob(min_workers, max_workers, reset_limit, cooldown, elastic_timeout,
-                                       settings.timeout_s, cpus_per_worker, gpus if use_gpu else 0,
+                                       settings.timeout_s, cpus_per_worker, gpus,
                                        address=address, what="RayExecutor")
         settings.elastic = self._elastic is not None
         self.settings = settings
@@ -119,7 +112,7 @@ class RayExecutor:
         self.num_workers_per_host = num_workers_per_host
         self.cpus_per_worker = cpus_per_worker
         self.use_gpu = bool(use_gpu)
-        self.gpus_per_worker = gpus if use_gpu else 0
+        self.gpus_per_worker = gpus
         self.use_current_placement_group = use_current_placement_group
         self.address = address
         self._size = (num_workers if num_hosts is None else num_hosts * num_workers_per_host) \

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -58,3 +59,19 @@ def create_settings(timeout_s: float = 30, ssh_identity_file: str | None = None,
     """Settings for :class:`~ringtrain.ray.RayExecutor` (see :class:`RaySettings`)."""
     return RaySettings(timeout_s=timeout_s, placement_group_timeout_s=placement_group_timeout_s,
                        nics=nics, ssh_identity_file=ssh_identity_file, ssh_str=ssh_str)
+
+
+def resources_per_rank(cpus: Any, gpus: Any, use_gpu: bool, *, cpus_name: str, gpus_name: str) -> float:
+    """Check the CPUs and GPUs an executor is to reserve for each rank (named as its caller names them);
+    returns the GPUs: 0 without ``use_gpu``, 1 where ``use_gpu`` comes without a number."""
+    if isinstance(cpus, bool) or not isinstance(cpus, int | float) or cpus <= 0:
+        raise ValueError(f"{cpus_name}={cpus!r} must be a positive number of CPUs.")
+    if gpus is not None and not use_gpu:
+        raise ValueError(f"{gpus_name}={gpus} without use_gpu=True reserves no GPU. HINT: add use_gpu=True, "
+                         f"or leave {gpus_name} out.")
+    if not use_gpu:
+        return 0
+    reserved = 1 if gpus is None else gpus
+    if isinstance(reserved, bool) or not isinstance(reserved, int | float) or reserved <= 0:
+        raise ValueError(f"{gpus_name}={gpus!r} must be a positive number of GPUs.")
+    return reserved
