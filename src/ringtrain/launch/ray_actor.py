@@ -34,6 +34,8 @@ RAY_ONLY_VARIABLES = ("OMP_NUM_THREADS", "RAY_worker_niceness", "RAY_JOB_ID", "R
 #: against a plain `ringtrain run`. 0 leaves the raylet's own niceness, as Ray's job supervisor does
 #: for the job's driver.
 ACTOR_ENV_VARS = {"RAY_worker_niceness": "0"}
+#: Calls a driver and the agent's output relay may have open on one actor at once.
+ACTOR_CONCURRENCY = 4
 
 
 def agent_environment(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:

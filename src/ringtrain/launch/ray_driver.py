@@ -32,12 +32,10 @@ from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_con
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.plan import HostsPlan
-from ringtrain.launch.ray_actor import ACTOR_ENV_VARS, NodeAgentActor
+from ringtrain.launch.ray_actor import ACTOR_CONCURRENCY, ACTOR_ENV_VARS, NodeAgentActor
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
 
-#: Calls the driver and the agent's output relay may have open on one actor at once.
-ACTOR_CONCURRENCY = 4
 #: The one line a missing ``ray`` package gets.
 NO_RAY = "--ray needs Ray, which is not installed here. HINT: pip install 'ringtrain[ray]'"
 

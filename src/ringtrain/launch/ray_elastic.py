@@ -29,11 +29,9 @@ from typing import Any
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.hosts import is_local_host
 from ringtrain.launch.places.ray import RayGroup
-from ringtrain.launch.ray_actor import NodeAgentActor
+from ringtrain.launch.ray_actor import ACTOR_CONCURRENCY, NodeAgentActor
 from ringtrain.launch.supervision import Reach
 
-#: Calls the driver and the relay may have open on one worker's actor at once (as ray_driver's).
-ACTOR_CONCURRENCY = 4
 #: Slack for CPU counts that are fractions (0.1 + 0.2 CPUs a rank must still count 3 ranks in 0.9).
 _EPSILON = 1e-9
 
