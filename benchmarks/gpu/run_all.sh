@@ -5,6 +5,10 @@
 #   benchmarks/gpu/run_all.sh runs    # about 6 min: ringtrain check / train on the GPU, GPU step benchmark
 #   benchmarks/gpu/run_all.sh sweep   # about 8.5 min: ringtrain bench at 1, 2, 4, 8 CPU ranks (GPUs hidden)
 #
+# PYTEST_ARGS adds to the tests stage's pytest line (e.g. "tests/gpu -n 6": the GPU tests on 6 xdist
+# workers, when the whole verification must fit one call); SKIP_STEPS names steps to leave out
+# (e.g. "step-bench").
+#
 # Every stage stops itself within BUDGET seconds (default 550). Add --quick for a smoke run of the same
 # steps (on a machine without a GPU: --device cpu everywhere, short runs).
 # Results go to $OUT (the device tool's folder): <stage>.log (everything printed),
@@ -54,6 +58,11 @@ step() {
     local began code left
     began=$(date +%s)
     left=$(( BUDGET - (began - START) - 40 ))
+    if [[ " ${SKIP_STEPS:-} " == *" $name "* ]]; then
+        echo "=== $name: skipped (SKIP_STEPS)"
+        printf '{"step": "%s", "skipped": true}\n' "$name" >> "$STEPS"
+        return
+    fi
     if [ "$left" -lt 20 ]; then
         echo "=== $name: skipped, ${left}s of the stage's ${BUDGET}s left"
         printf '{"step": "%s", "skipped": true}\n' "$name" >> "$STEPS"
@@ -95,7 +104,7 @@ if [ "$STAGE" = tests ]; then
     cp "$WORK/probe_shared_gpu.json" "$OUT/" 2>/dev/null
     # one line runs every GPU test; on a CPU machine (--quick) they skip with their reason
     step pytest-cuda $(( QUICK ? 120 : 460 )) "$PY" -m pytest -m cuda -p no:cacheprovider -rA \
-        --continue-on-collection-errors --timeout 300 --junitxml="$WORK/pytest-cuda.xml"
+        --continue-on-collection-errors --timeout 300 --junitxml="$WORK/pytest-cuda.xml" ${PYTEST_ARGS:-}
     cp "$WORK/pytest-cuda.xml" "$OUT/" 2>/dev/null
 fi
 
