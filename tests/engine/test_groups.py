@@ -30,3 +30,32 @@ def test_sets_get_ids_in_order_and_the_global_one_stays():
     assert not groups.remove_set(1)
     assert sorted(groups.sets) == [0]
     assert groups.add_set([0]) == 2  # ids are never reused
+
+
+class _DeviceGroup:
+    """Stands in for a ProcessGroupNCCL (the CPU build of torch has none): records how it was ended."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
+    def shutdown(self) -> None:
+        self.ended.append("shutdown")
+
+    def abort(self) -> None:
+        self.ended.append("abort")
+
+
+def test_device_groups_are_shut_down_after_a_clean_stop_and_aborted_after_a_failure():
+    world = World(0, 1, 0, 1, 0, 1, "localhost", dist.HashStore(), False)
+    groups = EngineGroups(world, Settings())
+    for failed, expected in ((False, "shutdown"), (True, "abort")):
+        set_id = groups.add_set([0])
+        device_group = _DeviceGroup()
+        groups.sets[set_id].make_nccl = lambda group=device_group: group
+        assert groups.sets[set_id].group(0) is device_group  # built at the set's first CUDA collective
+        groups.close_device_groups(failed=failed)
+        assert device_group.ended == [expected]
+        assert groups.sets[set_id].nccl is None
+        groups.close_device_groups(failed=failed)  # a second stop ends nothing twice
+        assert device_group.ended == [expected]
+        groups.remove_set(set_id)

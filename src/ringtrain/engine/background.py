@@ -230,6 +230,9 @@ class Engine:
             self.plane.close()
         if self.groups.arena is not None:
             self.groups.arena.close()
+        # a round still running (the join timed out) may hold an NCCL kernel: abort rather than wait on it
+        stuck = threading.current_thread() is not self._thread and self._thread.is_alive()
+        self.groups.close_device_groups(failed=self.broken is not None or stuck)
         self.handles.fail_all(self.broken or SHUT_DOWN_MESSAGE, HorovodInternalError)
         self.timeline.stop()
 

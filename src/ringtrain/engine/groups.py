@@ -7,6 +7,7 @@ added later gets its groups at the same point of the agreed order everywhere.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -17,6 +18,8 @@ from ringtrain.engine.netutil import interface_address
 from ringtrain.engine.settings import Settings
 from ringtrain.engine.shared_arena import SharedArena
 from ringtrain.engine.world_rendezvous import World, make_gloo_group, make_nccl_group
+
+log = logging.getLogger(__name__)
 
 
 class EngineGroups:
@@ -91,6 +94,25 @@ class EngineGroups:
             del self.sets[set_id]
             return True
         return False
+
+    def close_device_groups(self, failed: bool) -> None:
+        """End the NCCL groups the sets built: shut down after a clean stop, abort after a failure.
+
+        Dropped without either, torch's ProcessGroupNCCL warns at exit that destroy_process_group() was
+        not called (seen on an H200: benchmarks/results/gpu/). A failed job aborts, which never waits on
+        a peer that may be gone.
+        """
+        for groups in self.sets.values():
+            nccl, groups.nccl = groups.nccl, None
+            if nccl is None:
+                continue
+            end = getattr(nccl, "abort" if failed else "shutdown", None)
+            if end is None:
+                continue
+            try:
+                end()
+            except Exception:  # noqa: BLE001 - the job is ending either way; the group's error is not its cause
+                log.debug("closing the NCCL group of set %d failed", groups.set_id, exc_info=True)
 
     def is_homogeneous(self) -> bool:
         """Whether every host runs the same number of ranks (a collective over the control group)."""
