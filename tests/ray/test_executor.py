@@ -125,14 +125,16 @@ def test_calls_before_start_say_so() -> None:
 # --- on the cluster ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_run_gives_every_rank_its_place_and_results_in_rank_order(executor: RayExecutor) -> None:
+def test_run_gives_every_rank_its_place_and_the_secret_and_a_users_error_keeps_its_type(
+        executor: RayExecutor) -> None:
+    """One executor for three checks (each start costs two workers their Ray and torch imports): the
+    ranks' places and results, the job's secret, and last, since a failed run stops the workers, a
+    user's error raised with its own type."""
+    # every rank its place, the results in rank order
     assert executor.run(world) == [(0, 2, 0, 2, 0, 1, 3.0), (1, 2, 1, 2, 0, 1, 3.0)]
     assert executor.run(add, args=[1], kwargs={"b": 2}) == [3, 103]
     assert ray.get(executor.run_remote(add, [5])) == [5, 105]
-
-
-@pytest.mark.slow
-def test_the_secret_travels_inside_ray_and_guards_the_job_store(executor: RayExecutor) -> None:
+    # the secret travels inside Ray and guards the job store
     facts = executor.run(job_facts)
     secrets = {f[0] for f in facts}
     assert len(secrets) == 1
@@ -152,6 +154,10 @@ def test_the_secret_travels_inside_ray_and_guards_the_job_store(executor: RayExe
     store.set("probe", "1")
     assert store.get("probe") == b"1"
     store.close()
+    # a user's error keeps its type and names the rank
+    with pytest.raises(KeyError, match="the user's own error") as caught:
+        executor.run(rank0_raises)
+    assert any("raised by rank 0 on Ray node" in note for note in getattr(caught.value, "__notes__", []))
 
 
 @pytest.mark.slow
@@ -177,13 +183,6 @@ def test_a_dying_worker_ends_run_naming_rank_and_node(executor: RayExecutor) -> 
     # the cluster's room came back: the same executor starts again and works
     executor.start()
     assert [r[0] for r in executor.run(world)] == [0, 1]
-
-
-@pytest.mark.slow
-def test_a_users_error_keeps_its_type_and_names_the_rank(executor: RayExecutor) -> None:
-    with pytest.raises(KeyError, match="the user's own error") as caught:
-        executor.run(rank0_raises)
-    assert any("raised by rank 0 on Ray node" in note for note in getattr(caught.value, "__notes__", []))
 
 
 # --- elastic (min_workers / ElasticRayExecutor): one run, a worker lost once --------------------------
