@@ -11,7 +11,8 @@ and synced with the rest) adds up every rank's batch indices through ``hvd.allre
 Run it under ``ringtrain run --min-np ... --host-discovery-script ...``. It writes into ``--out``,
 each file atomically (temp file + rename):
 
-- ``progress-<worker>.json`` after every commit (worker id, pid, host, rank, size, epoch, batch);
+- ``progress-<worker>.json`` after every commit (worker id, pid, host, rank, size, epoch, batch, the
+  process's niceness);
 - ``epoch-<e>.json`` (rank 0) at the end of epoch e: the per-sample counts and the size then;
 - ``result.json`` (rank 0) at the end: epochs, final size, learning rate, generations seen.
 
@@ -117,7 +118,8 @@ def gates() -> None:
     commits += 1
     write_json(out / f"progress-{worker}.json", {
         "worker": worker, "pid": os.getpid(), "host": os.environ.get("HOROVOD_HOSTNAME"), "rank": hvd.rank(),
-        "size": hvd.size(), "epoch": state.epoch, "batch": state.batch, "commits": commits})
+        "size": hvd.size(), "epoch": state.epoch, "batch": state.batch, "commits": commits,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0)})
     if (args.stall_host and os.environ.get("HOROVOD_HOSTNAME") == args.stall_host
             and commits == args.stall_after and len(list(out.glob("stalled-*.json"))) < args.stall_count):
         write_json(out / f"stalled-{worker}.json", {"pid": os.getpid(), "worker": worker})

@@ -103,6 +103,9 @@ def main(master: str, folder: Path, cases: list[str]) -> int:
     spark = (SparkSession.builder.master(master).appName("ringtrain-spark-two-hosts")
              .config("spark.ui.showConsoleProgress", "false").config("spark.ui.enabled", "false")
              .config("spark.executor.memory", "512m")
+             # the test's JVM options (tests/spark/jvm.py) for this driver's JVM and the executors'
+             .config("spark.driver.extraJavaOptions", os.environ["SPARK_TEST_JAVA_OPTIONS"])
+             .config("spark.executor.extraJavaOptions", os.environ["SPARK_TEST_JAVA_OPTIONS"])
              # TorchDistributor's torchrun ranks import horovod.torch: ringtrain's shim, on their path
              .config("spark.executorEnv.PYTHONPATH", str(SHIM_DIR))
              .config("spark.executorEnv.RINGTRAIN_JOB_SECRET", os.environ["SPARK_TEST_SECRET"])

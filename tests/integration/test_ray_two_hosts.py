@@ -333,7 +333,8 @@ def test_ringtrain_run_ray_elastic_goes_on_without_a_lost_node(netns_hosts: Name
                                                               tmp_path: Path) -> None:
     """Last of the module (it ends with hostB's node gone): an elastic job starts one worker on each
     Ray node; hostB's node is killed while its worker waits at a known commit; the job goes on with
-    hostA's worker alone (--min-np 1) and ends with every sample of each epoch seen once."""
+    hostA's worker alone (--min-np 1) and ends with every sample of each epoch seen once. Both workers
+    ran at the Ray nodes' niceness, not at Ray's worker niceness."""
     address_b = netns_hosts.hosts["hostB"].address
     if ray_cluster.daemons[1].poll() is not None:  # the fixed-size node-loss test took hostB's node
         gone = netns_hosts.run("hostA", [sys.executable, "-c", NODE_GONE, ray_cluster.env["RAY_ADDRESS"],
@@ -373,5 +374,10 @@ def test_ringtrain_run_ray_elastic_goes_on_without_a_lost_node(netns_hosts: Name
         seen = json.loads((out / f"epoch-{epoch}.json").read_text())["seen"]
         assert seen == [1] * ELASTIC_SAMPLES, f"epoch {epoch}: {seen}"
     assert json.loads((out / "result.json").read_text())["size"] == 1
+    # each worker's actor had the fixed-size driver's options (ray_actor.agent_actor): not Ray's worker
+    # niceness (15) but the Ray nodes', as this process's
+    progress = {p.name: json.loads(p.read_text()) for p in out.glob("progress-*.json")}
+    assert {body["host"] for body in progress.values()} == {address_a, address_b}, progress
+    assert {body["nice"] for body in progress.values()} == {os.getpriority(os.PRIO_PROCESS, 0)}, progress
     wait_for(lambda: not processes_running(str(ELASTIC_SCRIPT)), 60, "every process of the job ended",
              logs=[log])

@@ -21,6 +21,7 @@ import pytest
 
 from tests.integration.netns import NamespaceHosts
 from tests.integration.system import ROOT, clean_env, spawn_daemon, stop_daemons, tail, wait_for
+from tests.spark.jvm import QUICK_JVM_OPTIONS
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed "
                                                 "(pip install -e '.[test,ray,spark]')")
@@ -35,8 +36,9 @@ CASES = ("horovod", "distributor", "kill")
 
 def _spark_env(folder: Path) -> dict[str, str]:
     # small daemons, and Spark's scratch files in this module's folder rather than /tmp
-    return clean_env({"SPARK_DAEMON_MEMORY": "256m", "SPARK_LOCAL_DIRS": str(folder / "local"),
-                      "SPARK_LOG_DIR": str(folder / "logs"), "SPARK_NO_DAEMONIZE": "1"})
+    return clean_env({"SPARK_DAEMON_MEMORY": "256m", "SPARK_DAEMON_JAVA_OPTS": QUICK_JVM_OPTIONS,
+                      "SPARK_LOCAL_DIRS": str(folder / "local"), "SPARK_LOG_DIR": str(folder / "logs"),
+                      "SPARK_NO_DAEMONIZE": "1"})
 
 
 def _text(path: Path) -> str:
@@ -70,6 +72,7 @@ def driver_lines(netns_hosts: NamespaceHosts) -> Iterator[dict[str, object]]:
                                                          master, str(folder), *CASES]),
                            stdout=out, stderr=subprocess.STDOUT, timeout=560, cwd=ROOT,
                            env=clean_env({"SPARK_TEST_SECRET": secrets.token_hex(16),
+                                          "SPARK_TEST_JAVA_OPTIONS": QUICK_JVM_OPTIONS,
                                           "PYSPARK_PYTHON": sys.executable}))
         output = driver_log.read_text(errors="replace")
         lines = dict(re.findall(r"^CASE (\w+) (.*)$", output, flags=re.M))

@@ -21,6 +21,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed (pip ins
 
 import ringtrain.spark  # noqa: E402
 from ringtrain.spark import RankFailedError  # noqa: E402
+from tests.spark.jvm import QUICK_JVM_OPTIONS  # noqa: E402
 
 
 def test_bad_arguments_are_refused_before_spark_is_asked() -> None:
@@ -74,6 +75,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("ringtrain-spark-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     try:

@@ -58,13 +58,14 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch.distributed as dist
 
 from ringtrain.engine import auth
 from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET, new_secret, secret_from_environ
 from ringtrain.engine.netutil import open_listener, recv_exact
+from ringtrain.engine.store_address import address_from_environ, join_address, split_address
 from ringtrain.exceptions import AuthenticationError, JobStoreError
 
 __all__ = [
@@ -101,26 +102,6 @@ _ACCEPTED, _REFUSED = b"\x01", b"\x00"
 # Requests: one opcode byte, then a list of byte strings. Replies: one status byte, then a list.
 _SET, _GET, _ADD, _CAS, _WAIT, _CHECK, _DELETE, _NUM_KEYS, _MULTI_GET, _MULTI_SET, _APPEND, _PING = range(12)
 _OK, _TIMEOUT, _ERROR = 0, 1, 2
-
-
-def address_from_environ(environ: Mapping[str, str]) -> str | None:
-    """``RINGTRAIN_JOB_STORE`` in ``environ`` (set by ``ringtrain run`` for its workers), or None."""
-    value = environ.get(ENV_ADDRESS, "").strip()
-    return value or None
-
-
-def join_address(host: str, port: int) -> str:
-    """``host:port``, with brackets around an IPv6 host."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` from ``host:port`` or ``[v6]:port``; ValueError naming the address otherwise."""
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"job store address {address!r} is not HOST:PORT. HINT: {ENV_ADDRESS} is set by "
-                         "`ringtrain run`; unset it, or give a value like 127.0.0.1:29400.")
-    return host.strip("[]"), int(port)
 
 
 # ----------------------------------------------------------------------------------- wire format

@@ -8,6 +8,7 @@ among them: it travels apart, never in a variable a driver might print.
 from __future__ import annotations
 
 from ringtrain.engine import auth
+from ringtrain.engine.store_address import split_address
 
 
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, node_rank: int,
@@ -41,10 +42,6 @@ def place_variables(*, rank: int, size: int, local_rank: int, local_size: int, n
 
 def store_variables(*, store_address: str, gloo_timeout_s: float) -> dict[str, str]:
     """The job store's address, the same for every rank (the secret travels apart)."""
-    # here, not at the top: job_store imports torch, and a rank's entry (launch/worker_entry.py) takes
-    # horovod_variables before the user's command has imported anything
-    from ringtrain.engine.job_store import split_address
-
     host, port = split_address(store_address)
     return {
         "MASTER_ADDR": host,

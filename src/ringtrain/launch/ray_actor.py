@@ -38,6 +38,19 @@ ACTOR_ENV_VARS = {"RAY_worker_niceness": "0"}
 ACTOR_CONCURRENCY = 4
 
 
+def agent_actor(num_cpus: float, num_gpus: float, scheduling_strategy: Any = None) -> Any:
+    """The Ray actor class of one node's agent, with the options every such actor needs: its threaded
+    calls (:data:`ACTOR_CONCURRENCY`), its runtime environment (:data:`ACTOR_ENV_VARS`: the agent and
+    its ranks at the raylet's niceness, not Ray's worker niceness) and the CPUs and GPUs it holds, placed
+    by ``scheduling_strategy`` (a bundle of a placement group, or a node). ``.remote()`` starts one.
+    Every driver of ``ringtrain run --ray`` (fixed-size and elastic) starts its actors from here."""
+    import ray
+
+    return ray.remote(NodeAgentActor).options(
+        num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=ACTOR_CONCURRENCY,
+        runtime_env={"env_vars": dict(ACTOR_ENV_VARS)}, scheduling_strategy=scheduling_strategy)
+
+
 def agent_environment(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
     """The agent's variables: the actor's ``environ`` less Ray's own for its worker (and Ray's debugger
     as ``breakpoint()``, which would make a rank's breakpoint wait for `ray debug`), ``env`` on top."""

@@ -32,7 +32,7 @@ from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_con
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.plan import HostsPlan
-from ringtrain.launch.ray_actor import ACTOR_CONCURRENCY, ACTOR_ENV_VARS, NodeAgentActor
+from ringtrain.launch.ray_actor import agent_actor
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
 
@@ -140,10 +140,7 @@ def place(config: LaunchConfig) -> Placement:
     strategy = "STRICT_SPREAD" if config.nproc_per_node else "PACK"
     reservation = cluster.reserve(resources, bundles, strategy, 1, config.ray_placement_timeout,
                                   use_current=False, timeout_hint="raise --ray-placement-timeout")
-    made = ray.remote(NodeAgentActor)
-    actors = [made.options(num_cpus=resources["CPU"], num_gpus=resources["GPU"],
-                           max_concurrency=ACTOR_CONCURRENCY, runtime_env={"env_vars": dict(ACTOR_ENV_VARS)},
-                           scheduling_strategy=in_bundle(reservation.group, index)).remote()
+    actors = [agent_actor(resources["CPU"], resources["GPU"], in_bundle(reservation.group, index)).remote()
               for index in range(bundles)]
     try:
         wheres = ray.get([a.where.remote() for a in actors], timeout=max(config.start_timeout, 60.0))

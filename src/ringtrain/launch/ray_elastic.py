@@ -29,7 +29,7 @@ from typing import Any
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.hosts import is_local_host
 from ringtrain.launch.places.ray import RayGroup
-from ringtrain.launch.ray_actor import ACTOR_CONCURRENCY, NodeAgentActor
+from ringtrain.launch.ray_actor import agent_actor
 from ringtrain.launch.supervision import Reach
 
 #: Slack for CPU counts that are fractions (0.1 + 0.2 CPUs a rank must still count 3 ranks in 0.9).
@@ -110,11 +110,9 @@ class RayHosts:
             node = {"node_id": "", "node_ip": host, "hostname": host}
         if self._secret_ref is None:
             self._secret_ref = ray.put(secret)
-        made = ray.remote(NodeAgentActor).options(
-            num_cpus=self.cpus_per_rank, num_gpus=self.gpus_per_rank, max_concurrency=ACTOR_CONCURRENCY,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["node_id"], soft=False)
-            if node["node_id"] else None)
-        actor = made.remote()
+        actor = agent_actor(self.cpus_per_rank, self.gpus_per_rank,
+                            NodeAffinitySchedulingStrategy(node_id=node["node_id"], soft=False)
+                            if node["node_id"] else None).remote()
         group = RayGroup(host, argv, env, actor=actor, node=node, ranks=range(rank, rank + 1),
                          secret_ref=self._secret_ref, lock=lock, reach=Reach(cwd=cwd),
                          start_timeout=self.start_timeout)

@@ -22,12 +22,16 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ringtrain.engine import job_store
+from ringtrain.engine import auth
 from ringtrain.spark.task import RankTask
+
+if TYPE_CHECKING:  # imported where used: job_store imports torch, and an executor's Python worker
+    # imports this package (to unpickle a RankTask) and needs no torch; only the rank's process does
+    from ringtrain.engine import job_store
 
 #: Seconds between looks at the running stage.
 _POLL_S = 0.5
@@ -71,7 +75,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
     timeout_s = settings["start_timeout"]
     out, err = stdout or sys.stdout, stderr or sys.stderr
     _wait_for_slots(sc, size, timeout_s)
-    secret = job_store.new_secret()
+    secret = auth.new_secret()
     server = _store_server(sc, secret)
     job = f"ringtrain-spark-{uuid.uuid4().hex[:12]}"
     task = RankTask(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), secret, server.address, job,
@@ -152,6 +156,8 @@ def _wait_for_slots(sc: Any, size: int, timeout_s: float) -> None:
 
 def _store_server(sc: Any, secret: str) -> job_store.JobStoreServer:
     """The job store, on the address executors already use to reach this driver (``spark.driver.host``)."""
+    from ringtrain.engine import job_store
+
     host_name = sc.getConf().get("spark.driver.host") or socket.gethostname()
     try:
         host = socket.gethostbyname(host_name)
@@ -178,6 +184,8 @@ class _Watch:
         self._error: BaseException | None = None
 
     def run(self, task: RankTask) -> list[Any]:
+        from ringtrain.engine import job_store
+
         self.store = job_store.JobStore(self._server.address, task.secret, timeout=30.0)
         executors = _executors(self.sc)
         thread = threading.Thread(target=self._collect, args=(task,), name="ringtrain-spark-collect",
