@@ -122,15 +122,14 @@ def _steps(snaps: Path) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in snaps.glob("snapshot-*.pt"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_path, sig):
-    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+def _stop_with(sig: int, snaps: Path, results: Path, after: int) -> tuple[subprocess.Popen, str, int, Path]:
+    """Start the command, send ``sig`` once it wrote a snapshot past step ``after``; (process, stderr,
+    the step it stopped at, its snapshot), with every assertion on the stop itself made here."""
     proc = subprocess.Popen(_argv(snaps, results), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not _steps(snaps):  # the first step snapshot (step 4): training is under way
+        while not [s for s in _steps(snaps) if s > after]:  # a step snapshot of this run: it is training
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "no snapshot appeared"
             time.sleep(0.05)
@@ -149,14 +148,26 @@ def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_
     snapshot = Path(line.split(", snapshot ")[1].split(" (")[0])
     assert snapshot == snaps / f"snapshot-{step:09d}.pt"
     assert snapshot.exists()
-    assert 4 <= step < 2 * STEPS_PER_EPOCH
+    assert max(4, after + 1) <= step < 2 * STEPS_PER_EPOCH
     assert max(_steps(snaps)) == step  # the agreed step's snapshot is the last one written
     assert "Run the same command again to resume from it." in line
     assert not results.exists()
+    return proc, out, step, snapshot
+
+
+@pytest.mark.slow
+def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_path):
+    """kill -USR1 mid-epoch; the same command resumes, and kill -TERM stops that run the same way; the
+    same command again resumes from the second snapshot and ends where an uninterrupted run would.
+    (Both signals in one job: each stop is checked as a fresh run's is, one start-up fewer.)"""
+    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+    _, _, first_step, first = _stop_with(signal.SIGUSR1, snaps, results, after=0)
+    _, out, second_step, second = _stop_with(signal.SIGTERM, snaps, results, after=first_step)
+    assert f"resumed from {first}" in out
 
     again = subprocess.run(_argv(snaps, results), capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stderr
-    assert f"resumed from {snapshot}" in again.stdout
+    assert f"resumed from {second}" in again.stdout
     body = json.loads(results.read_text())
     assert body["epochs"][-1]["steps"] == 2 * STEPS_PER_EPOCH  # the step count of an uninterrupted run
     assert body["epochs"][-1]["epoch"] == 2
