@@ -242,8 +242,10 @@ def test_ctrl_c_says_which_snapshot_was_written_last_and_that_the_same_command_r
                                                                                      tmp_path):
     """SIGINT to the launcher (``kill -INT``), or to its whole process group (Ctrl-C on a terminal)."""
     snaps = tmp_path / "snaps"
+    # short epochs (256 items: 4 or 8 steps), so that the first epoch's snapshot comes soon; many of
+    # them, so that the run is still training when the signal comes
     argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", str(nproc),
-            "--subset", "2000", "--epochs", "20", "--batch-size", "32", "--save-every", "1",
+            "--subset", "256", "--epochs", "1000", "--batch-size", "32", "--save-every", "1",
             "--snapshot-dir", str(snaps), "--no-progress", "--threads", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
