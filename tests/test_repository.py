@@ -2,6 +2,7 @@
 nothing loaded or unpickled where a stranger could have written it."""
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -306,9 +307,22 @@ def test_the_quick_start_prints_the_accuracy_the_readme_quotes(tmp_path: Path) -
     assert words[0] == "ringtrain"
     # a fresh machine: no data in the cache, so the embedded MNIST; nothing of this machine's launchers
     env = {**os.environ, "RINGTRAIN_DATA": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "ringtrain", *words[1:], "--no-progress"], cwd=tmp_path,
+    # Flags that only choose where results go (the run trains what the README's command trains): this
+    # run is also `ringtrain train`'s two-rank end-to-end check (once a job of its own in
+    # tests/cli/test_train.py), so that the suite starts one such job, not two.
+    results, logs = tmp_path / "results.json", tmp_path / "logs"
+    result = subprocess.run([sys.executable, "-m", "ringtrain", *words[1:], "--no-progress", "--results-json",
+                             str(results), "--log-dir", str(logs)], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     done = re.search(r"done: 4 epoch\(s\) in [\d.]+s, test accuracy (\d+\.\d+)%", result.stdout)
     assert done, result.stdout
     assert f"test accuracy {done[1]}%" in _readme(), f"the quick start printed {done[1]} %"
+    # ringtrain train end to end on two ranks: the last epoch's line, the results file, one metrics row
+    # an epoch below the header
+    assert "epoch 4/4" in result.stdout
+    assert "accuracy" in result.stdout
+    body = json.loads(results.read_text())
+    assert body["world_size"] == 2
+    assert body["epochs"][-1]["accuracy"] > 0.6
+    assert (logs / "metrics.csv").read_text().count("\n") == 5

@@ -23,7 +23,8 @@ def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "mnist"
-    result = _bench("mnist", "--np", "1,2", "--steps", "12", "--warmup-steps", "2", "--repeats", "1",
+    # the fewest steps that still give every run a median and a tail of its step times
+    result = _bench("mnist", "--np", "1,2", "--steps", "4", "--warmup-steps", "1", "--repeats", "1",
                     "--strategies", "single,independent,barrier,ddp,horovod", "--project", "--validate",
                     "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -35,7 +36,7 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     body = json.loads((out / "scaling.json").read_text())
     assert body["schema"] == "ringtrain.bench/1"
     assert body["settings"]["np"] == [1, 2]
-    assert body["settings"]["steps"] == 12
+    assert body["settings"]["steps"] == 4
     for key in ("cpu", "cores", "gpus", "torch", "ringtrain", "date"):
         assert key in body["machine"]
     assert body["link"]["alpha_s"] >= 0
@@ -46,7 +47,7 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     for run in runs.values():
         assert run["status"] == "ok"
         assert run["items_per_second"] > 0
-        assert run["steps"] >= 12
+        assert run["steps"] >= 4
         assert run["ranks_reported"] == run["np"]
         assert (out / run["log"]).exists()
     assert runs["single"]["reports"][0]["phases"]["backward"] > 0
@@ -225,9 +226,9 @@ def test_a_horovod_script_gets_a_true_scaling_table(tmp_path):
 @pytest.mark.slow
 def test_a_silent_script_is_timed_by_wall_time_minus_its_start_up(tmp_path):
     script = tmp_path / "silent.py"
-    # start-up: an import; "training": a fixed amount of busy work, longer than any start-up jitter
-    script.write_text("import json\nimport time\n\nend = time.perf_counter() + 3.0\n"
-                      "while time.perf_counter() < end:\n    pass\n")
+    # start-up: an import; "training": 3 s, longer than any start-up jitter. Slept, not spun: what is
+    # checked is how the table is made from wall and start-up, and spinning cost 3 CPU s per process.
+    script.write_text("import json\nimport time\n\ntime.sleep(3.0)\n")
     out = tmp_path / "silent"
     result = _bench("--np", "1,2", "--repeats", "1", "--out", str(out), "--", sys.executable, str(script))
     assert result.returncode == 0, result.stdout + result.stderr

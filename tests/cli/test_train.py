@@ -1,5 +1,5 @@
-"""``ringtrain train``: bad input exits 2 with a message (also from inside ranks); -np 2 end to end;
-a 2-rank run killed mid-epoch resumes from its last snapshot."""
+"""``ringtrain train``: bad input exits 2 with a message (also from inside ranks); a 2-rank run killed
+mid-epoch resumes from its last snapshot (-np 2 end to end: the README's quick start, test_repository.py)."""
 
 import json
 import os
@@ -167,18 +167,9 @@ def test_a_resumed_run_applies_a_new_lr_and_a_finished_one_starts_no_rank(tmp_pa
     assert "HINT: resume with --seed 0" in err
 
 
-@pytest.mark.slow
-def test_two_ranks_end_to_end(tmp_path):
-    results = tmp_path / "results.json"
-    proc = _ringtrain("train", "mnist", "-np", "2", "--subset", "1000", "--epochs", "2", "--no-progress",
-                      "--results-json", str(results), "--log-dir", str(tmp_path / "logs"))
-    assert proc.returncode == 0, proc.stderr
-    assert "epoch 2/2" in proc.stdout
-    assert "accuracy" in proc.stdout
-    body = json.loads(results.read_text())
-    assert body["world_size"] == 2
-    assert body["epochs"][-1]["accuracy"] > 0.6
-    assert (tmp_path / "logs" / "metrics.csv").read_text().count("\n") == 3
+# -np 2 end to end (epoch lines, --results-json, --log-dir's metrics.csv) is checked on the run of the
+# README's quick start, `ringtrain train mnist -np 2` too, so that the suite starts that job once:
+# tests/test_repository.py::test_the_quick_start_prints_the_accuracy_the_readme_quotes
 
 
 @pytest.mark.slow
@@ -198,42 +189,9 @@ def test_error_inside_a_rank_exits_2(tmp_path):
     assert f"  error      : {tmp_path / 'mnist'}" in proc.stderr
 
 
-@pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume(tmp_path):
-    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
-    argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", "2", "--subset", "2000",
-            "--epochs", "2", "--batch-size", "32", "--save-every-steps", "5", "--snapshot-dir", str(snaps),
-            "--keep-last", "2", "--no-progress", "--results-json", str(results)]
-    # 2000 items / (2 ranks x 32) = 32 steps per epoch: kill once a step snapshot inside epoch 1 exists
-    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not any(int(p.stem.split("-")[1]) >= 10 for p in snaps.glob("snapshot-*.pt")):
-            assert first.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no step snapshot appeared"
-            time.sleep(0.05)
-    finally:
-        # the launcher and every rank at once, like a lost node (ranks run in sessions of their own)
-        for pid in [first.pid, *_descendants(first.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        first.wait(timeout=60)
-    assert not results.exists()
-    killed_at = max(int(p.stem.split("-")[1]) for p in snaps.glob("snapshot-*.pt"))
-    assert killed_at < 32  # mid-epoch 1
-
-    second = subprocess.run(argv, capture_output=True, text=True, timeout=400)
-    assert second.returncode == 0, second.stderr
-    assert "resumed from" in second.stdout
-    body = json.loads(results.read_text())
-    assert body["resumed_from"] is not None
-    assert Path(body["resumed_from"]).name.startswith("snapshot-")
-    assert [e["epoch"] for e in body["epochs"]] == [1, 2]  # epoch 1 finished, then epoch 2: 2 in total
-    assert body["epochs"][-1]["steps"] == 64
-    assert body["epochs"][-1]["accuracy"] > 0.85
+# A 2-rank run SIGKILLed mid-epoch resumes from its last snapshot: checked in the job that
+# tests/train/test_preemption.py::test_a_kill_and_signals_mid_epoch_each_resume_with_the_same_command
+# also stops with signals (the same command line), so that the suite starts that job once.
 
 
 @pytest.mark.slow
@@ -242,8 +200,10 @@ def test_ctrl_c_says_which_snapshot_was_written_last_and_that_the_same_command_r
                                                                                      tmp_path):
     """SIGINT to the launcher (``kill -INT``), or to its whole process group (Ctrl-C on a terminal)."""
     snaps = tmp_path / "snaps"
+    # short epochs (256 items: 4 or 8 steps), so that the first epoch's snapshot comes soon; many of
+    # them, so that the run is still training when the signal comes
     argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", str(nproc),
-            "--subset", "2000", "--epochs", "20", "--batch-size", "32", "--save-every", "1",
+            "--subset", "256", "--epochs", "1000", "--batch-size", "32", "--save-every", "1",
             "--snapshot-dir", str(snaps), "--no-progress", "--threads", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

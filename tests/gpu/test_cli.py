@@ -57,7 +57,9 @@ def test_check_passes_on_the_device(device: str, nproc: int) -> None:
 ])
 def test_train_mnist_on_the_device(device: str, nproc: int, extra: list[str], tmp_path: Path) -> None:
     results = tmp_path / "results.json"
-    result = _ringtrain("train", "mnist", "-np", str(nproc), "--device", device, "--subset", "2000",
+    # bf16 autocast is slow on a CPU: there, half the digits (the bar below holds on either)
+    subset = "1000" if device == "cpu" else "2000"
+    result = _ringtrain("train", "mnist", "-np", str(nproc), "--device", device, "--subset", subset,
                         "--epochs", "2", "--no-progress", "--threads", "1", "--results-json", str(results),
                         *extra)
     output = result.stdout + result.stderr
@@ -67,7 +69,7 @@ def test_train_mnist_on_the_device(device: str, nproc: int, extra: list[str], tm
     rows = epochs["epochs"] if isinstance(epochs, dict) else epochs
     assert len(rows) == 2
     assert all(math.isfinite(row["train_loss"]) for row in rows)
-    assert rows[-1]["accuracy"] > 0.5  # 2000 MNIST digits, 2 epochs: far above chance (0.1)
+    assert rows[-1]["accuracy"] > 0.5  # 1,000-2,000 MNIST digits, 2 epochs: far above chance (0.1)
 
 
 @pytest.mark.slow

@@ -107,7 +107,7 @@ def test_stop_requested_answers_for_this_process_without_a_job():
     assert preemption.PREEMPTED_EXIT == 75
 
 
-# --- end to end: kill -USR1 / -TERM of `ringtrain train mnist -np 2` mid-epoch, then the same command ---
+# --- end to end: kill -9, -USR1, -TERM of `ringtrain train mnist -np 2` mid-epoch, then the same command ---
 
 STEPS_PER_EPOCH = 32  # 2000 items / (2 ranks x 32)
 
@@ -122,15 +122,14 @@ def _steps(snaps: Path) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in snaps.glob("snapshot-*.pt"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_path, sig):
-    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+def _stop_with(sig: int, snaps: Path, results: Path, after: int) -> tuple[subprocess.Popen, str, int, Path]:
+    """Start the command, send ``sig`` once it wrote a snapshot past step ``after``; (process, its stdout,
+    the step it stopped at, its snapshot), with every assertion on the stop itself made here."""
     proc = subprocess.Popen(_argv(snaps, results), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not _steps(snaps):  # the first step snapshot (step 4): training is under way
+        while not [s for s in _steps(snaps) if s > after]:  # a step snapshot of this run: it is training
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "no snapshot appeared"
             time.sleep(0.05)
@@ -149,17 +148,64 @@ def test_a_signal_mid_epoch_snapshots_exits_75_and_the_same_command_resumes(tmp_
     snapshot = Path(line.split(", snapshot ")[1].split(" (")[0])
     assert snapshot == snaps / f"snapshot-{step:09d}.pt"
     assert snapshot.exists()
-    assert 4 <= step < 2 * STEPS_PER_EPOCH
+    assert max(4, after + 1) <= step < 2 * STEPS_PER_EPOCH
     assert max(_steps(snaps)) == step  # the agreed step's snapshot is the last one written
     assert "Run the same command again to resume from it." in line
     assert not results.exists()
+    return proc, out, step, snapshot
+
+
+def _kill_after_a_snapshot(snaps: Path, results: Path) -> int:
+    """Start the command, SIGKILL the launcher and every rank at once (a lost node) once a step snapshot
+    exists; the step of the newest snapshot left."""
+    from tests.examples.launch import descendants
+
+    first = subprocess.Popen(_argv(snaps, results), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _steps(snaps):
+            assert first.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no step snapshot appeared"
+            time.sleep(0.05)
+    finally:
+        # ranks run in sessions of their own: every process below the launcher, found first
+        for pid in [first.pid, *descendants(first.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        first.wait(timeout=60)
+    assert not results.exists()
+    killed_at = max(_steps(snaps))
+    assert killed_at < STEPS_PER_EPOCH  # mid-epoch 1
+    return killed_at
+
+
+@pytest.mark.slow
+def test_a_kill_and_signals_mid_epoch_each_resume_with_the_same_command(tmp_path):
+    """One job, stopped three ways, each time resumed by the same command: SIGKILL of every process
+    mid-epoch (the last step snapshot survives); kill -USR1 of the resumed run (snapshot, exit 75);
+    kill -TERM of the next (the same); then the same command resumes and ends where an uninterrupted run
+    would. (One job for all three: each stop is checked as a fresh run's would be; two start-ups and two
+    whole runs fewer than a job each.)"""
+    snaps, results = tmp_path / "snaps", tmp_path / "results.json"
+    killed_at = _kill_after_a_snapshot(snaps, results)
+    _, out, first_step, first = _stop_with(signal.SIGUSR1, snaps, results, after=killed_at)
+    assert f"resumed from {snaps / f'snapshot-{killed_at:09d}.pt'}" in out
+    _, out, second_step, second = _stop_with(signal.SIGTERM, snaps, results, after=first_step)
+    assert f"resumed from {first}" in out
 
     again = subprocess.run(_argv(snaps, results), capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stderr
-    assert f"resumed from {snapshot}" in again.stdout
+    assert f"resumed from {second}" in again.stdout
     body = json.loads(results.read_text())
+    assert body["resumed_from"] is not None
+    assert Path(body["resumed_from"]).name.startswith("snapshot-")
+    assert [e["epoch"] for e in body["epochs"]] == [1, 2]  # epoch 1 finished, then epoch 2: 2 in total
     assert body["epochs"][-1]["steps"] == 2 * STEPS_PER_EPOCH  # the step count of an uninterrupted run
     assert body["epochs"][-1]["epoch"] == 2
+    assert body["epochs"][-1]["accuracy"] > 0.85
 
 
 def test_the_trainer_stops_with_a_snapshot_when_the_allocation_ends_within_the_margin(tmp_path, monkeypatch):

@@ -54,7 +54,8 @@ def test_movielens_defaults_beat_the_global_mean(shared_data: Path) -> None:
 
 @pytest.mark.slow
 def test_synthetic_images_are_learned_over_epochs_but_not_perfectly() -> None:
-    wl = get_workload("synthetic", size=4096, test_size=1024)
+    # 2,048 images: 4 epochs still climb from about 13 % to about 47 % (4,096 cost twice the steps)
+    wl = get_workload("synthetic", size=2048, test_size=1024)
     train, test = wl.datasets()
     torch.manual_seed(0)
     model = wl.model()
