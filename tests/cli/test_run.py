@@ -312,11 +312,10 @@ def test_stopping_the_launcher_leaves_no_process(hosts, sig, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHIM_DIR / "horovod").is_dir(), reason="the horovod shim package is not there yet")
-def test_unmodified_horovod_script_runs_through_the_shim(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "python",
-                             str(SCRIPTS / "hvd_shim.py"), str(tmp_path)], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
+def test_unmodified_horovod_script_runs_through_the_shim(tmp_path, capsys):
+    # in this process, as the other launches here: a `ringtrain run` of its own would import torch again
+    code = main(["run", "-np", "2", "python", str(SCRIPTS / "hvd_shim.py"), str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
     lines = sorted(p.read_text() for p in tmp_path.glob("*.txt"))
     assert lines == ["0 2 0 3.0", "1 2 1 3.0"]
 
@@ -407,7 +406,7 @@ def test_bad_elastic_input_exits_2_with_a_message(argv, needle, capsys):
 
 
 @pytest.mark.slow
-def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours():
+def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours(capsys):
     # --out, --log, --verb are prefixes of --output-filename, --log-level, --verbose
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_run_arguments(parser, environ={})
@@ -415,10 +414,11 @@ def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours():
     config = config_from_args(parser.parse_args(argv))
     assert config.command == ("python", "x.py", "--out", "d", "--log", "--verb")
     assert config.output_filename is None
-    code = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "1", sys.executable, "-c",
-                           "import sys; assert sys.argv[1:] == ['--out', 'x']", "--out", "x"],
-                          capture_output=True, text=True, timeout=300)
-    assert code.returncode == 0, code.stderr
+    # the command line as the CLI gets it, launched in this process (a `ringtrain run` of its own would
+    # import torch again)
+    code = main(["run", "-np", "1", sys.executable, "-c", "import sys; assert sys.argv[1:] == ['--out', 'x']",
+                 "--out", "x"])
+    assert code == 0, capsys.readouterr().err
 
 
 #: The public flags of ``ringtrain run`` (dashed spellings); changing this set is a deliberate act.
@@ -482,16 +482,15 @@ def test_a_former_internal_flag_is_refused(capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not owns_two_or_more_cpus(),
                     reason="needs 2 or more CPUs, none of them taken away from this process")
-def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path):
+def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path, capsys):
     """A plain script (no hvd.init, no Trainer): the mask is set before it runs, in every thread."""
     script = tmp_path / "mask.py"
     script.write_text("import os, sys\n"
                       "with open(os.path.join(sys.argv[1], os.environ['RANK']), 'w') as fp:\n"
                       "    fp.write(' '.join(map(str, sorted(os.sched_getaffinity(0)))))\n")
-    result = subprocess.run([sys.executable, "-m", "ringtrain", "run", "-np", "2", "--bind-to", "core",
-                             sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
+    # launched in this process (each rank binds itself, in worker_entry: this process's mask is not touched)
+    code = main(["run", "-np", "2", "--bind-to", "core", sys.executable, str(script), str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
     masks = [set(map(int, (tmp_path / str(rank)).read_text().split())) for rank in range(2)]
     assert all(masks), masks
     assert not masks[0] & masks[1]

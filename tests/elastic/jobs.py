@@ -15,7 +15,9 @@ from tests.integration.system import ROOT, clean_env, wait_for
 from tests.processes import alive
 
 SCRIPT = Path(__file__).resolve().with_name("mnist_elastic.py")
-SAMPLES = 480
+#: Images of each epoch: enough for several commits per worker in an epoch (every gate of the tests
+#: comes at one), few enough that training is a small part of a test (480 took twice the wall time).
+SAMPLES = 128
 #: Generous: a loaded 2-core machine takes 10+ s to import torch in each new worker.
 JOB_TIMEOUT = 540
 
@@ -41,7 +43,7 @@ class ElasticJob:
         discovery.chmod(0o755)
         self.log = tmp_path / "launcher.log"
         argv = [sys.executable, "-m", "ringtrain", "run", *flags, "--host-discovery-script", str(discovery),
-                sys.executable, str(SCRIPT), "--out", str(self.out), *script_args]
+                sys.executable, str(SCRIPT), "--out", str(self.out), "--samples", str(SAMPLES), *script_args]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(wrap(argv), stdout=log, stderr=subprocess.STDOUT, env=clean_env(env),
                                          start_new_session=True, cwd=ROOT)

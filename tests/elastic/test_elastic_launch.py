@@ -30,23 +30,6 @@ def cleanup():
             job.proc.wait()
 
 
-def test_sigkilled_worker_is_replaced_and_no_sample_is_lost_or_repeated(tmp_path, cleanup):
-    job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"], ["-np", "2", "--min-np", "1", "--max-np", "2"],
-                     ["--stall-host", "127.0.0.1", "--stall-after", "3", "--stall-count", "1"])
-    cleanup(job)
-    job.kill_stalled("w2")  # after its third commit, while rank 0 waits for it in an allreduce
-    code = job.finish()
-    output = job.text()
-    assert code == 0, output
-    assert "worker w2 (rank 1 on 127.0.0.1) failed: killed by SIGKILL" in output
-    assert "generation 2: 2 worker(s) on localhost[0],127.0.0.1[0]; started w3" in output
-    job.assert_every_sample_once(epochs=2)
-    result = json.loads((job.out / "result.json").read_text())
-    assert result == {"epochs": 2, "size": 2, "lr": pytest.approx(0.02), "worker": "w1",
-                      "generation": "1"}
-    assert_no_worker_left(job)
-
-
 def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, cleanup):
     job = ElasticJob(tmp_path, ["localhost:1"], ["-np", "1", "--min-np", "1", "--max-np", "2"],
                      ["--pause-at-size", "1"])
@@ -92,13 +75,17 @@ def test_a_host_failing_twice_is_blacklisted_and_min_np_ends_the_job_after_the_t
     assert_no_worker_left(job)
 
 
-def test_blacklisted_host_comes_back_after_its_cooldown(tmp_path, cleanup):
+def test_sigkilled_worker_is_replaced_its_host_blacklisted_then_back_and_no_sample_lost_or_repeated(
+        tmp_path, cleanup):
+    # A worker SIGKILLed is replaced (w2 by w3); its host failing again (w3) is blacklisted, training goes
+    # on alone, and the host comes back after its cooldown (w4). One job for what were two tests (the
+    # replacement, and the cooldown that began with the same replacement).
     job = ElasticJob(tmp_path, ["localhost:1", "127.0.0.1:1"],
                      ["-np", "2", "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2"],
                      ["--stall-host", "127.0.0.1", "--stall-after", "3", "--stall-count", "2",
                       "--pause-at-size", "1"])
     cleanup(job)
-    job.kill_stalled("w2")
+    job.kill_stalled("w2")  # after its third commit, while rank 0 waits for it in an allreduce
     job.wait_for_line("generation 2:")
     job.kill_stalled("w3")
     job.wait_for_file("paused.json")  # training goes on alone on localhost
@@ -108,9 +95,15 @@ def test_blacklisted_host_comes_back_after_its_cooldown(tmp_path, cleanup):
     code = job.finish()
     output = job.text()
     assert code == 0, output
+    assert "worker w2 (rank 1 on 127.0.0.1) failed: killed by SIGKILL" in output
+    assert "generation 2: 2 worker(s) on localhost[0],127.0.0.1[0]; started w3" in output
     assert "generation 3: 1 worker(s) on localhost[0]" in output  # on without the blacklisted host
     assert "generation 4: 2 worker(s) on localhost[0],127.0.0.1[0]; started w4" in output
     job.assert_every_sample_once(epochs=2)
+    result = json.loads((job.out / "result.json").read_text())
+    assert result == {"epochs": 2, "size": 2, "lr": pytest.approx(0.02), "worker": "w1",
+                      "generation": "1"}
+    assert_no_worker_left(job)
 
 
 def test_reset_limit_ends_the_job_at_the_next_break(tmp_path, cleanup):

