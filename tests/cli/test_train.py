@@ -205,8 +205,15 @@ def test_ctrl_c_says_which_snapshot_was_written_last_and_that_the_same_command_r
     argv = [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", str(nproc),
             "--subset", "256", "--epochs", "1000", "--batch-size", "32", "--save-every", "1",
             "--snapshot-dir", str(snaps), "--no-progress", "--threads", "1"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # pytest started as a shell's background job ignores SIGINT, and an ignored signal stays ignored
+    # across exec: the one-process run would never see the Ctrl-C (and train on until the timeout).
+    # A handled one is reset to its default by exec, so handle it here while the run starts.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
         deadline = time.monotonic() + 300
         while not list(snaps.glob("snapshot-*.pt")):
