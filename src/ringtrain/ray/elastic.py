@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.engine import auth, job_store
+from ringtrain.engine import auth
+from ringtrain.engine.store_address import join_address
 from ringtrain.ray import cluster
 from ringtrain.ray.settings import resources_per_rank
 
@@ -131,13 +132,16 @@ class ElasticJob:
 
         if not self.started:
             raise RuntimeError(f"{self.what}.run() before start(). HINT: call executor.start() first.")
+        # here, not at the top: job_store imports torch, and every worker actor imports this package
+        from ringtrain.engine import job_store
+
         secret = auth.new_secret()
         server = job_store.JobStoreServer(secret, host="0.0.0.0", port=0)
-        store = job_store.JobStore(job_store.join_address("127.0.0.1", server.port), secret, timeout=60.0)
+        store = job_store.JobStore(join_address("127.0.0.1", server.port), secret, timeout=60.0)
         try:
             store.set(CALL_KEY, cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
             here = ray.util.get_node_ip_address()
-            argv = self.argv(ray.get_runtime_context().gcs_address, job_store.join_address(here, server.port))
+            argv = self.argv(ray.get_runtime_context().gcs_address, join_address(here, server.port))
             env = {**os.environ, **self.env_vars, auth.ENV_SECRET: secret}
             code, tail = _run_launcher(argv, env)
             if code != 0:

@@ -18,14 +18,19 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ringtrain.engine import job_store
+from ringtrain.engine import auth
+from ringtrain.engine.store_address import join_address
 from ringtrain.ray import cluster
 from ringtrain.ray.elastic import ElasticJob, check_elastic
 from ringtrain.ray.ranks import RankPlace, WorkerNode, assign_ranks, worker_environ
 from ringtrain.ray.settings import RaySettings, create_settings, resources_per_rank
 from ringtrain.ray.worker import RayWorker
+
+if TYPE_CHECKING:  # imported where used: job_store imports torch, and every worker actor imports this
+    # package (to unpickle RayWorker) whether or not its functions need torch
+    from ringtrain.engine import job_store
 
 #: Seconds between checks on the running ranks while waiting for their results.
 _POLL_S = 1.0
@@ -184,10 +189,12 @@ class RayExecutor:
         self.workers = [created[p.worker] for p in self._places]
         extra = self._gpu_variables() if self.use_gpu else [{} for _ in self._places]
         host = self._store_host()
-        secret = job_store.new_secret()
-        self._store = job_store.JobStoreServer(secret, host=host, port=0)
-        address = job_store.join_address(host, self._store.port) if host != "0.0.0.0" else \
-            job_store.join_address(ray.util.get_node_ip_address(), self._store.port)
+        from ringtrain.engine.job_store import JobStoreServer
+
+        secret = auth.new_secret()
+        self._store = JobStoreServer(secret, host=host, port=0)
+        address = join_address(host, self._store.port) if host != "0.0.0.0" else \
+            join_address(ray.util.get_node_ip_address(), self._store.port)
         secret_ref = ray.put(secret)
         environs = [worker_environ(p, address, self.settings.timeout_s, self.settings.nics,
                                    {**extra[i], **dict(extra_env_vars or {})})
