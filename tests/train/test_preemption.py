@@ -158,7 +158,7 @@ def _stop_with(sig: int, snaps: Path, results: Path, after: int) -> tuple[subpro
 def _kill_after_a_snapshot(snaps: Path, results: Path) -> int:
     """Start the command, SIGKILL the launcher and every rank at once (a lost node) once a step snapshot
     exists; the step of the newest snapshot left."""
-    from tests.examples.launch import descendants
+    from tests.examples.launch import kill_tree
 
     first = subprocess.Popen(_argv(snaps, results), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
@@ -169,13 +169,7 @@ def _kill_after_a_snapshot(snaps: Path, results: Path) -> int:
             assert time.monotonic() < deadline, "no step snapshot appeared"
             time.sleep(0.05)
     finally:
-        # ranks run in sessions of their own: every process below the launcher, found first
-        for pid in [first.pid, *descendants(first.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        first.wait(timeout=60)
+        kill_tree(first)  # the launcher and every rank at once, like a lost node
     assert not results.exists()
     killed_at = max(_steps(snaps))
     assert killed_at < STEPS_PER_EPOCH  # mid-epoch 1
