@@ -24,6 +24,18 @@ def test_the_silence_limit_is_the_peer_timeout_or_with_restarts_the_rendezvous_n
     assert link.beat_interval(2.0) == 0.5  # four beats fit in the limit
 
 
+def test_a_place_where_beats_cost_round_trips_beats_a_quarter_of_the_limit_both_ways():
+    # the Ray drivers' pulse, and what their agents and workers read from the variable they are given
+    assert link.sparse_beat_interval(20.0) == 5.0
+    given = {link.ENV_BEAT_INTERVAL: f"{link.sparse_beat_interval(20.0):g}"}
+    assert link.beat_interval(20.0, given) == 5.0
+    assert link.beat_interval(8.0, given) == 2.0  # never fewer than four beats in the silence limit
+    # a value that is no positive number is not the driver's: the default interval
+    for bad in ("", "soon", "0", "-3"):
+        assert link.beat_interval(20.0, {link.ENV_BEAT_INTERVAL: bad}) == link.BEAT_INTERVAL
+    assert link.beat_interval(20.0, {}) == link.BEAT_INTERVAL
+
+
 def test_a_heartbeat_is_taken_off_a_line_and_the_text_before_it_handed_back():
     end = link.DriverEnd(None, talks=False)
     assert end.heard_in("hello\n") is None

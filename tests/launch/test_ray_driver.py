@@ -122,3 +122,29 @@ def test_elastic_min_np_larger_than_the_cluster_fails_after_the_elastic_timeout_
     assert "only 2 slot(s) usable, fewer than the 3 needed (-np 3), for --elastic-timeout 1 s" in err
     assert "the Ray cluster's living nodes (1 CPU(s) a slot)" in err
     assert "no worker may start" not in err
+
+
+@pytest.mark.slow
+def test_each_node_keeps_the_one_actor_of_its_agent_and_the_group_keeps_every_bundle(local_cluster):
+    """The actor of every other bundle ends once it said where it is (each is a Ray worker process that
+    would cost the ranks CPU for the whole job); the placement group still holds that bundle's CPU."""
+    from ringtrain.launch.config import LaunchConfig
+    from ringtrain.launch.ray_driver import place
+
+    placement = place(LaunchConfig(command=("python", "x.py"), num_proc=2, ray="auto"))
+    try:
+        assert [node.slots for node in placement.nodes] == [2]  # PACK: both bundles on this one node
+        assert len(placement.actors) == 1
+        assert placement.nodes[0].actors == placement.actors
+        group = placement.reservation.group.id.hex()
+        # Ray counts each bundle's resources apart: bundle 0's CPU is the agent actor's, bundle 1's is
+        # free within the group once its actor ended, and the group holds both CPUs of the cluster
+        wait_for(lambda: ray.available_resources().get(f"CPU_group_1_{group}") == 1, 60,
+                 "the spare bundle's actor ended")
+        available = ray.available_resources()
+        assert available.get(f"CPU_group_0_{group}", 0) == 0, available
+        assert available.get("CPU", 0) == 0, available
+        assert ray.get(placement.actors[0].free_port.remote(), timeout=60) > 0  # the kept one answers
+    finally:
+        placement.release()
+    all_cpus_free()

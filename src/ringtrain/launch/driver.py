@@ -210,7 +210,7 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         link.watch_driver(link.contact_timeout(peer_timeout, config.max_restarts),
                           spec.host or socket.gethostname(), ranks=lambda: link.live_children(os.getpid()),
                           after_stop=link.exit_when_children_gone)
-        link.beat_to_driver(link.beat_interval(peer_timeout))
+        link.beat_to_driver(link.beat_interval(peer_timeout, environ))
     return run_node(spec, list(config.command))
 
 
@@ -305,6 +305,7 @@ class HostsJob:
         self.config, self.plan, self.environ = config, plan, environ
         self.nodes, self.local = nodes, local
         peer_timeout = float(read_knob("peer_timeout_s", environ))
+        self.peer_timeout = peer_timeout
         self.silence_limit = link.contact_timeout(peer_timeout, config.max_restarts)
         self.pulse = supervision.Pulse(link.beat_interval(peer_timeout))
         self.failures: list[RankFailure] = []

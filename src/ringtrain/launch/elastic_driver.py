@@ -173,7 +173,9 @@ class ElasticDriver:
         # A worker silent for this long is given up, as the static driver gives up a silent host.
         peer_timeout = float(read_knob("peer_timeout_s", self.environ))
         self.silence_limit = link.contact_timeout(peer_timeout)
-        self.pulse = supervision.Pulse(link.beat_interval(peer_timeout))
+        # an actor call each way per beat on Ray: beats as sparse as the silence limit allows there
+        self.pulse = supervision.Pulse(link.sparse_beat_interval(peer_timeout) if ray_hosts is not None
+                                       else link.beat_interval(peer_timeout))
         self._stopping = threading.Event()
         self._discovery_problem: str | None = None
 
@@ -328,7 +330,8 @@ class ElasticDriver:
         argv = [sys.executable, "-u", "-m", "ringtrain.launch.elastic_worker", *self.config.command]
         if self.ray_hosts is not None:
             # as over ssh: the launcher's variables travel, the secret goes on the worker's stdin
-            forwarded = forwarded_environment(self.environ, {**ours, ENV_SECRET_ON_STDIN: "1"})
+            sent = {**ours, ENV_SECRET_ON_STDIN: "1", link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
+            forwarded = forwarded_environment(self.environ, sent)
             for name in (ENV_SECRET, *_FOREIGN):
                 forwarded.pop(name, None)
             group = self.ray_hosts.start(host, argv, forwarded, self.secret, slot.rank, self.lock)

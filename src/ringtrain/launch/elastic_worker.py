@@ -38,6 +38,9 @@ UNREACHABLE_EXIT = 3
 def speak_link(argv: Sequence[str]) -> None:
     """The worker's end of the driver's link (see the module doc)."""
     peer_timeout = float(read_knob("peer_timeout_s", os.environ))
+    # the driver's word for this place's beats, not the user's program's business
+    given = os.environ.pop(link.ENV_BEAT_INTERVAL, "")
+    beat_every = link.beat_interval(peer_timeout, {link.ENV_BEAT_INTERVAL: given})
     pid = os.getpid()
     host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     # a kill request ends the worker's own children first, then the worker with its process group
@@ -46,7 +49,7 @@ def speak_link(argv: Sequence[str]) -> None:
     # A command exec'd as another program would leave the beats behind, and its stdin must get nothing
     # of ours: only a worker that runs Python here says it speaks the link.
     if runs_in_process(list(argv)):
-        link.beat_to_driver(link.beat_interval(peer_timeout))
+        link.beat_to_driver(beat_every)
 
 
 def announce(environ: dict[str, str] | os._Environ[str]) -> str | None:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -37,8 +37,11 @@ from ringtrain.launch.forwarding import signal_pids
 from ringtrain.launch.stopping import kill_process_groups
 from ringtrain.launch.store_host import read_secret, send_secret
 
-#: Most seconds between two heartbeats, each way.
+#: Most seconds between two heartbeats, each way, where a beat costs a pipe write (local, ssh, srun).
 BEAT_INTERVAL = 1.0
+#: Set by a driver on what it starts where every heartbeat is a round trip through a cluster manager
+#: (a Ray actor call each way): the seconds between two beats there (:func:`sparse_beat_interval`).
+ENV_BEAT_INTERVAL = "RINGTRAIN_LINK_BEAT_SECONDS"
 #: The line a child writes on stderr as its heartbeat: the driver hears that its place is there.
 ALIVE_LINE = "@@RINGTRAIN_ALIVE@@"
 #: Requests a driver writes on a child's stdin, each on a line of its own (see the module doc).
@@ -47,15 +50,31 @@ STOP_REQUEST, KILL_REQUEST = b"stop", b"kill"
 SIGNAL_REQUEST = b"signal"
 
 
-__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "KILL_REQUEST", "SIGNAL_REQUEST", "STOP_REQUEST", "DriverEnd",
+__all__ = ["ALIVE_LINE", "BEAT_INTERVAL", "ENV_BEAT_INTERVAL", "KILL_REQUEST", "SIGNAL_REQUEST",
+           "STOP_REQUEST", "DriverEnd",
            "beat_interval", "beat_to_driver", "contact_timeout", "exit_after", "exit_when_children_gone",
            "forward_request", "host_log_path", "live_children", "note_on_host", "read_secret", "send_secret",
-           "watch_driver"]
+           "sparse_beat_interval", "watch_driver"]
 
 
-def beat_interval(peer_timeout: float) -> float:
-    """Seconds between heartbeats for a silence limit of ``peer_timeout``: four fit in it."""
-    return min(BEAT_INTERVAL, peer_timeout / 4)
+def beat_interval(peer_timeout: float, environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between heartbeats for a silence limit of ``peer_timeout``: four fit in it, and at most
+    :data:`BEAT_INTERVAL`, unless the driver set :data:`ENV_BEAT_INTERVAL` in ``environ`` (never more
+    than a quarter of the limit either way)."""
+    given = (environ or {}).get(ENV_BEAT_INTERVAL, "")
+    try:
+        interval = float(given) if given else BEAT_INTERVAL
+    except ValueError:
+        interval = BEAT_INTERVAL
+    return min(interval if interval > 0 else BEAT_INTERVAL, peer_timeout / 4)
+
+
+def sparse_beat_interval(peer_timeout: float) -> float:
+    """Seconds between heartbeats where each one is a round trip through a cluster manager (Ray): a
+    quarter of the silence limit, as the ranks beat each other (engine/liveness.py). A lost place is
+    still noticed after the same ``peer_timeout`` of silence; a quiet job costs a round trip every few
+    seconds instead of two a second, CPU that its ranks would otherwise lose."""
+    return peer_timeout / 4
 
 
 def contact_timeout(peer_timeout: float, max_restarts: int = 0) -> float:

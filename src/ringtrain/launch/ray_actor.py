@@ -22,8 +22,9 @@ from typing import IO, Any
 #: Seconds the driver waits before it asks an actor that Ray calls unavailable again.
 FETCH_WAIT_S = 0.5
 #: Seconds one output fetch waits for lines before it returns empty: longer than the agent's heartbeat
-#: (a line each second), so that a quiet job costs one round trip a second, not three in two seconds.
-OUTPUT_WAIT_S = 2.5
+#: (a line every quarter of RINGTRAIN_PEER_TIMEOUT_SECONDS on Ray, 5 s by default), so that a quiet job
+#: costs one round trip a beat. Lines and the agent's end return the fetch at once; a dead actor fails it.
+OUTPUT_WAIT_S = 30.0
 #: Variables of the actor's own environment that the agent does not inherit: Ray sets
 #: OMP_NUM_THREADS to the actor's CPUs, which would change the ranks' threads from `ringtrain run`'s;
 #: the others are Ray's for its worker process itself (a rank is none), the niceness one ours (below).
@@ -63,8 +64,9 @@ def agent_environment(environ: Mapping[str, str], env: Mapping[str, str]) -> dic
 class NodeAgentActor:
     """Runs in a Ray actor (``ray.remote(NodeAgentActor)``, threaded): one node's agent as its child.
 
-    Also a seat-holder: every bundle of the job's placement group gets one such actor, so that the
-    bundle's CPUs and GPUs stay reserved; the first actor of each node runs the agent (:meth:`start`).
+    Every bundle of the job's placement group gets one at first (its :meth:`where` tells the driver
+    which node the bundle went to); the first actor of each node runs that node's agent
+    (:meth:`start`) and the others end (the placement group itself keeps their bundles reserved).
     """
 
     def __init__(self) -> None:

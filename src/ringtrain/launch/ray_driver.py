@@ -5,8 +5,9 @@ answers on fails within ``--start-timeout``); reserve a placement group, one bun
 (``PACK``) or, with ``--nproc-per-node K``, one bundle of K ranks per node (``STRICT_SPREAD``),
 each bundle ``--ray-cpus-per-rank`` CPUs and ``--ray-gpus-per-rank`` GPUs per rank (a group the
 cluster cannot fit fails after ``--ray-placement-timeout`` naming what was asked and what the cluster
-has); put one :class:`~ringtrain.launch.places.ray.NodeAgentActor` in every bundle, so that the
-bundle stays held; and let the first actor of each node run that node's agent. From there the job
+has); put one :class:`~ringtrain.launch.places.ray.NodeAgentActor` in every bundle, to learn which
+node each bundle went to; keep the first actor of each node, which runs that node's agent (the
+placement group holds every bundle's CPUs and GPUs until the job ends), and end the others. From there the job
 is a multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`): the same
 rendezvous on node 0, the same relay with rank prefixes, the same root-cause report and
 ``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
@@ -18,6 +19,7 @@ re-forms the job when a node goes or comes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -26,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import store_host
+from ringtrain.launch import link, store_host, supervision
 from ringtrain.launch.config import LaunchConfig, exported_values
 from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
 from ringtrain.launch.hosts import HostSlots
@@ -50,7 +52,7 @@ def require_ray() -> None:
 
 @dataclass
 class RayNode:
-    """One Ray node of the job: where it is, its ranks, and the actors holding its bundles."""
+    """One Ray node of the job: where it is, its ranks, and the actor that runs its agent."""
 
     node: dict[str, str]
     actors: list[Any]
@@ -155,7 +157,15 @@ def place(config: LaunchConfig) -> Placement:
         node.actors.append(actor)
         node.slots += per_bundle
         node.gpu_ids += [g for g in ids if g not in node.gpu_ids]
-    return Placement(reservation, actors, list(nodes.values()))
+    # The placement group keeps every bundle's CPUs and GPUs reserved until it is removed: of a node's
+    # actors only the one that runs its agent stays. Each other one is a Ray worker process whose
+    # background threads cost CPU that the ranks beside it would lose, for the whole job.
+    for node in nodes.values():
+        for spare in node.actors[1:]:
+            with contextlib.suppress(Exception):  # an actor already gone holds nothing
+                ray.kill(spare)
+        del node.actors[1:]
+    return Placement(reservation, [node.actors[0] for node in nodes.values()], list(nodes.values()))
 
 
 def in_bundle(group: Any, index: int) -> Any:
@@ -176,6 +186,8 @@ class RayJob(HostsJob):
         nodes = [HostSlots(name, n.slots) for name, n in zip(names, placement.nodes)]
         plan = HostsPlan(tuple(nodes), sum(n.slots for n in nodes), "ray")
         super().__init__(config, plan, environ, nodes, [False] * len(nodes))
+        # every beat is an actor call (and every agent's beat one more): as sparse as the limit allows
+        self.pulse = supervision.Pulse(link.sparse_beat_interval(self.peer_timeout))
 
     def start_agents(self) -> None:
         import ray
@@ -193,7 +205,7 @@ class RayJob(HostsJob):
         for k, (node, where) in enumerate(zip(nodes, placed)):
             agent_config = replace(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots,
                                                hosts), ray=None)
-            env = dict(forwarded)
+            env = {**forwarded, link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
             if where.gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(where.gpu_ids)
             agent = RayGroup(node.host, node_argv(agent_config), env, actor=where.actors[0], node=where.node,
