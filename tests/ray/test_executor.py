@@ -90,6 +90,16 @@ class Counter:
         return self.value
 
 
+def report(counter: Counter) -> int:
+    """Logs three values (rank 0's reach the callbacks) and one of every rank's (chief_only=False)."""
+    from ringtrain.ray import ray_logger
+
+    for step in range(3):
+        ray_logger.log({"step": step, "value": counter.value})
+    ray_logger.log({"all": counter.value}, chief_only=False)
+    return counter.value
+
+
 # --- the argument checks (no cluster) ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -168,6 +178,19 @@ def test_execute_drives_a_stateful_executable(cluster: str) -> None:
         assert executor.execute(lambda counter: counter.bump()) == [11, 12]
         assert executor.execute(lambda counter: counter.bump()) == [12, 13]
         assert executor.execute_single(lambda counter: counter.value) == 12
+        # what the ranks log reaches the callbacks here, every callback, rank 0's values in their order
+        seen: list = []
+        also: list = []
+        assert executor.execute(report, callbacks=[seen.append, also.append]) == [12, 13]
+        assert [v for v in seen if "step" in v] == [{"step": s, "value": 12} for s in range(3)]
+        assert sorted(v["all"] for v in seen if "all" in v) == [12, 13]
+        assert also == seen
+        # a callback's error is raised once the call is over; the workers stay usable
+        with pytest.raises(ZeroDivisionError):
+            executor.execute(report, callbacks=[lambda value: 1 / 0])
+        assert executor.execute_single(lambda counter: counter.value) == 12
+        with pytest.raises(ValueError, match="nobody would call its callbacks"):
+            executor.run_remote(report, callbacks=[seen.append])
     finally:
         executor.shutdown()
 
@@ -193,6 +216,7 @@ def count_steps(steps: int) -> dict:
     import torch
 
     import ringtrain as hvd
+    from ringtrain.ray import ray_logger
 
     hvd.init()
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=0)
@@ -202,6 +226,7 @@ def count_steps(steps: int) -> dict:
         while state.step < steps:
             state.total += int(hvd.allreduce(torch.tensor(1), op=hvd.Sum, name="one").item())
             state.step += 1
+            ray_logger.log({"step": state.step})  # rank 0's, for the driver's callbacks
             state.commit()
             if state.step == 3 and os.environ.get("RINGTRAIN_ELASTIC_WORKER") == "w2":
                 sys.stdout.flush()
@@ -218,7 +243,8 @@ def test_elastic_run_replaces_a_lost_worker_and_restores_its_state(cluster: str,
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1, max_workers=2,
                            elastic_timeout=60)
     executor.start(extra_env_vars={"RAY_TEST_VARIABLE": "seen"})
-    results = executor.run(count_steps, args=[6])
+    logged: list = []
+    results = executor.run(count_steps, args=[6], callbacks=[logged.append])
     err = capfd.readouterr().err
     # both CPUs held from the start (max 2); w2 died after step 3 (committed: 3 steps of 2), w3 took its
     # place and got the state from rank 0: 3 more steps of 2. The ranks ran at the niceness of the
@@ -227,6 +253,9 @@ def test_elastic_run_replaces_a_lost_worker_and_restores_its_state(cluster: str,
     common = {"size": 2, "step": 6, "total": 12, "env": "seen", "nice": nice}
     assert results == [{"rank": 0, "worker": "w1", **common}, {"rank": 1, "worker": "w3", **common}], err
     assert "worker w2 (rank 1 on" in err
+    # rank 0's values reached the callback while the job ran, through the executor's job store (a step
+    # may come twice: a step whose commit failed with the lost worker is done again after the restore)
+    assert {value["step"] for value in logged} == set(range(1, 7)), logged
 
 
 @pytest.mark.slow

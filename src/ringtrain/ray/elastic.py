@@ -15,6 +15,7 @@ the package's layers (tests/test_layers.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 
 from ringtrain.engine import auth
 from ringtrain.engine.store_address import join_address
-from ringtrain.ray import cluster
+from ringtrain.ray import cluster, ray_logger
 from ringtrain.ray.settings import resources_per_rank
 
 #: Lines of the launcher's stderr kept for the error of a failed job.
@@ -124,9 +125,10 @@ class ElasticJob:
             argv += ["-x", name]
         return [*argv, sys.executable, "-m", "ringtrain.ray.elastic_call", store_address]
 
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-            ) -> list[Any]:
-        """``fn(*args, **kwargs)`` as an elastic job; the results of the last generation, in rank order."""
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+            callbacks: Sequence[Callable[..., Any]] | None = None) -> list[Any]:
+        """``fn(*args, **kwargs)`` as an elastic job; the results of the last generation, in rank order.
+        Each callback is called here with every value the ranks log meanwhile (ray/ray_logger.py)."""
         import cloudpickle
         import ray
 
@@ -143,7 +145,15 @@ class ElasticJob:
             here = ray.util.get_node_ip_address()
             argv = self.argv(ray.get_runtime_context().gcs_address, join_address(here, server.port))
             env = {**os.environ, **self.env_vars, auth.ENV_SECRET: secret}
-            code, tail = _run_launcher(argv, env)
+            relay = ray_logger.StoreRelay(store, callbacks) if callbacks else None
+            try:
+                code, tail = _run_launcher(argv, env)
+            finally:
+                if relay is not None and sys.exc_info()[0] is not None:
+                    with contextlib.suppress(Exception):  # the launcher's own error is the one to raise
+                        relay.close()
+            if relay is not None:
+                relay.close()
             if code != 0:
                 raise RuntimeError(
                     f"{self.what}: the elastic job failed (exit code {code}; min {self.min_np}, max "
@@ -229,5 +239,6 @@ class ElasticRayExecutor:
     def run(self, worker_fn: Callable[[], Any], callbacks: Sequence[Callable[..., Any]] | None = None
             ) -> list[Any]:
         """``worker_fn()`` in every worker of an elastic job; the last generation's results in rank order.
-        ``callbacks`` are accepted for Horovod's scripts and not called."""
-        return self._job.run(worker_fn)
+        Each callback is called here with every value rank 0 logs meanwhile
+        (:func:`ringtrain.ray.ray_logger.log`, Horovod's ``horovod.ray.ray_logger.log``)."""
+        return self._job.run(worker_fn, callbacks=callbacks)

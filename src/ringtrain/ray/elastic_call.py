@@ -16,6 +16,7 @@ import sys
 import cloudpickle
 
 from ringtrain.engine import job_store
+from ringtrain.ray import ray_logger
 from ringtrain.ray.elastic import CALL_KEY, SIZE_KEY, result_key
 
 
@@ -33,6 +34,7 @@ def main(address: str) -> int:
     store = job_store.JobStore(address, job_store.secret_from_environ(os.environ), timeout=60.0)
     try:
         fn, args, kwargs = cloudpickle.loads(store.get(CALL_KEY))
+        ray_logger.configure(ray_logger.StoreSink(store))  # fn's ray_logger.log() values, for the callbacks
         result = fn(*args, **kwargs)
         rank, size = final_place()
         store.set(result_key(rank), cloudpickle.dumps(result))

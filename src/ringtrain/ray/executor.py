@@ -14,15 +14,16 @@ called again.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringtrain.engine import auth
 from ringtrain.engine.store_address import join_address
-from ringtrain.ray import cluster
+from ringtrain.ray import cluster, ray_logger
 from ringtrain.ray.elastic import ElasticJob, check_elastic
 from ringtrain.ray.ranks import RankPlace, WorkerNode, assign_ranks, worker_environ
 from ringtrain.ray.settings import RaySettings, create_settings, resources_per_rank
@@ -229,24 +230,32 @@ class RayExecutor:
 
     def execute(self, fn: Callable[[Any], Any],
                 callbacks: Iterable[Callable[..., Any]] | None = None) -> list[Any]:
-        """``fn(executable)`` on every rank; the results in rank order."""
+        """``fn(executable)`` on every rank; the results in rank order. Each callback is called here
+        with every value rank 0 logs meanwhile (:func:`ringtrain.ray.ray_logger.log`)."""
         self._check_started("execute")
-        return self._gather([w.execute.remote(fn) for w in self.workers], "execute()")
+        with self._relayed(callbacks):
+            return self._gather([w.execute.remote(fn) for w in self.workers], "execute()")
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] | None = None,
             kwargs: Mapping[str, Any] | None = None,
             callbacks: Iterable[Callable[..., Any]] | None = None) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order (elastic: of the ranks of the
-        job's last generation)."""
+        job's last generation). Each callback is called here with every value rank 0 logs meanwhile
+        (:func:`ringtrain.ray.ray_logger.log`)."""
         if self._elastic is not None:
-            return self._elastic.run(fn, tuple(args or ()), dict(kwargs or {}))
+            return self._elastic.run(fn, tuple(args or ()), dict(kwargs or {}), callbacks=callbacks)
         self._check_started("run")
-        return self._gather(self.run_remote(fn, args, kwargs), "run()")
+        with self._relayed(callbacks):
+            return self._gather(self.run_remote(fn, args, kwargs), "run()")
 
     def run_remote(self, fn: Callable[..., Any], args: Sequence[Any] | None = None,
                    kwargs: Mapping[str, Any] | None = None,
                    callbacks: Iterable[Callable[..., Any]] | None = None) -> list[Any]:
-        """Like :meth:`run`, but returns the object references at once (``ray.get`` them), in rank order."""
+        """Like :meth:`run`, but returns the object references at once (``ray.get`` them), in rank order.
+        ``callbacks`` need the call to be waited for here: pass them to :meth:`run`."""
+        if callbacks:
+            raise ValueError("run_remote() returns before the ranks run, so nobody would call its callbacks. "
+                             "HINT: executor.run(fn, callbacks=[...]).")
         self._check_started("run_remote")
         call = _Call(fn, tuple(args or ()), dict(kwargs or {}))
         return [w.execute.remote(call) for w in self.workers]
@@ -281,6 +290,27 @@ class RayExecutor:
         if not self.workers:
             raise RuntimeError(f"{what}() before start(): no workers are running. HINT: call "
                                "executor.start() first (again after a failure or shutdown()).")
+
+    @contextlib.contextmanager
+    def _relayed(self, callbacks: Iterable[Callable[..., Any]] | None) -> Iterator[None]:
+        """While a call runs, the values its ranks log reach ``callbacks`` here (ray/ray_logger.py); a
+        callback's error is raised once the call is over."""
+        if not callbacks:
+            yield
+            return
+        import ray
+
+        relay = ray_logger.CallbackRelay(callbacks)
+        try:
+            ray.get([w.set_queue.remote(relay.queue) for w in self.workers])
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the call's own error is the one to raise
+                relay.close()
+            raise
+        with contextlib.suppress(Exception):  # a worker gone already logs nothing more
+            ray.get([w.set_queue.remote(None) for w in self.workers])
+        relay.close()
 
     def _gather(self, refs: list[Any], what: str, timeout_s: float | None = None) -> list[Any]:
         """The results of ``refs`` (one per rank, in rank order). The first rank that fails ends the job:

@@ -75,6 +75,12 @@ class RayWorker:
         if executable_cls is not None:
             self.executable = executable_cls(*(executable_args or ()), **dict(executable_kwargs or {}))
 
+    def set_queue(self, queue: Any) -> None:
+        """Where :func:`ringtrain.ray.ray_logger.log` sends values in this rank (None: nowhere)."""
+        from ringtrain.ray import ray_logger
+
+        ray_logger.configure(queue)
+
     def execute(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` in this rank."""
         return fn(self.executable)
