@@ -145,6 +145,8 @@ UNPICKLERS = {
     # job store, which only processes that proved the job's secret can write to.
     "src/ringtrain/ray/elastic.py": 1,
     "src/ringtrain/ray/elastic_call.py": 1,
+    # and what that job's ranks log for the executor's callbacks (ray_logger.log), in the same store.
+    "src/ringtrain/ray/ray_logger.py": 1,
     # ringtrain.spark: the rank's process reads the call its Spark task hands it on a pipe (the driver's
     # pickled function, come in the stage's task binary as every PySpark function does); the task reads
     # the result its own child wrote to a fresh private temp file.
