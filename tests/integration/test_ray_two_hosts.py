@@ -103,7 +103,7 @@ def test_horovods_ray_examples_on_two_hosts(netns_hosts: NamespaceHosts,
     assert "stateless run: ranks [0, 1]" in output
     assert "stateful execute: first loss" in output
     assert "DistributedOptimizer training: loss" in output
-    hosts = dict(re.findall(r"hello from rank (\d) of 2 on (host[AB])", output))
+    hosts = dict(re.findall(r"^rank (\d) of 2 ran on (host[AB])$", result.stdout, re.MULTILINE))
     assert sorted(hosts.values()) == ["hostA", "hostB"], output[-4000:]
 
 
@@ -116,7 +116,7 @@ import os, socket, sys, time
 rank = int(os.environ["RANK"])
 print(f"rank={rank} local_rank={os.environ['LOCAL_RANK']} of {os.environ['WORLD_SIZE']} "
       f"host={socket.gethostname()} ray_imported={'ray' in sys.modules} "
-      f"nice={os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
+      f"nice={os.getpriority(os.PRIO_PROCESS, 0)} gloo={os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     raise RuntimeError(f"rank {rank} gives up on purpose")
 for step in range(int(os.environ.get("STEPS", "0"))):
@@ -143,14 +143,16 @@ def test_ringtrain_run_ray_puts_one_rank_on_each_ray_node(netns_hosts: Namespace
     logs = "".join(f"\n--- {log}:\n{tail(log)}" for log in ray_cluster.logs)
     assert result.returncode == 0, output[-4000:] + logs
     seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=(\d) of 2 host=(host[AB]) ray_imported=(\w+) "
-                      r"nice=(-?\d+)$", result.stdout, re.MULTILINE)
+                      r"nice=(-?\d+) gloo=(\S+)$", result.stdout, re.MULTILINE)
     # each rank's line carries its own prefix; one CPU per node: one rank on each, local rank 0
     assert sorted((prefix, rank, local) for prefix, rank, local, *_ in seen) == [("0", "0", "0"),
                                                                                 ("1", "1", "0")], output
-    assert sorted(host for *_, host, _, _ in seen) == ["hostA", "hostB"], output
-    assert {imported for *_, imported, _ in seen} == {"False"}, output
+    assert sorted(host for *_, host, _, _, _ in seen) == ["hostA", "hostB"], output
+    assert {imported for *_, imported, _, _ in seen} == {"False"}, output
     # not Ray's worker niceness (15): the niceness the Ray nodes were started with, as this process's
-    assert {int(nice) for *_, nice in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}, output
+    assert {int(nice) for *_, nice, _ in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}, output
+    # ranks on two nodes: gloo finds the interface that reaches the other node, not loopback
+    assert {gloo for *_, gloo in seen} == {"None"}, output
 
 
 def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,

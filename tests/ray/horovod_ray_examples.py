@@ -25,7 +25,7 @@ def make_executor(settings):
 def whoami():
     hvd.init()
     print("hello from rank", hvd.rank(), "of", hvd.size(), "on", socket.gethostname(), flush=True)
-    return hvd.rank()
+    return hvd.rank(), socket.gethostname()
 
 
 class Replica:
@@ -79,8 +79,12 @@ def main():
 
     executor = make_executor(settings)
     executor.start()
-    ranks = executor.run(whoami)
+    places = executor.run(whoami)
+    ranks = [rank for rank, _ in places]
     assert len(set(ranks)) == executor.num_workers, ranks
+    # from the results: Ray forwards the workers' own lines to this driver when it will, maybe after it ended
+    for rank, host in places:
+        print(f"rank {rank} of {len(places)} ran on {host}", flush=True)
     executor.shutdown()
     print("stateless run: ranks", ranks, flush=True)
 

@@ -176,6 +176,12 @@ def local_endpoint(config: LaunchConfig) -> str:
     return f"{config.master_addr or '127.0.0.1'}:{config.master_port or free_port()}"
 
 
+def _whole_job_here(config: LaunchConfig) -> bool:
+    """A driver started this agent and every rank of the job is on this node (``-H host:N``, or a Ray job
+    whose ranks all landed on one node): the ranks talk over loopback, as a one-host job's."""
+    return config.driver is not None and len(config.driver.node_slots) == 1
+
+
 def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str],
                  node_hosts: tuple[str, ...] | None = None) -> int:
     check_command(config.command, config.no_python)
@@ -199,7 +205,8 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
         rdzv_timeout=max(config.start_timeout, 1.0) * 4, max_restarts=config.max_restarts,
         host=hosts[plan.node_rank] if hosts and plan.node_rank < len(hosts) else None,
         output_dir=config.output_filename,
-        env=worker_environment(config, environ, plan.nproc, plan.local_only, node_hosts),
+        env=worker_environment(config, environ, plan.nproc, plan.local_only or _whole_job_here(config),
+                               node_hosts),
         failure_marker=driven, verbose=config.verbose, log_dir=_absolute(config.log_dir),
         redirects=config.redirects, tee=config.tee, local_addr=config.local_addr, rdzv_conf=config.rdzv_conf,
         secret=secret, layout=config.driver.node_slots if config.driver is not None else None,
