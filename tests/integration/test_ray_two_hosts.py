@@ -171,11 +171,13 @@ def test_ringtrain_run_ray_reports_the_rank_that_failed(netns_hosts: NamespaceHo
 def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: NamespaceHosts,
                                                             ray_cluster: RayCluster, tmp_path: Path) -> None:
     """The Trainer's own launcher on Ray: one CPU per node puts a rank on each, and the hostB rank gets the
-    job in its command (no file of the driver's). The smallest run that proves it: 2 steps."""
+    job in its command (no file of the driver's). It trains to exactly the losses and accuracy of
+    `ringtrain train -np 2` on hostA alone (the same seed and shards; a sum of two ranks' gradients is
+    the same in any order): one epoch of 1,024 items, 8 steps."""
     results = tmp_path / "results.json"
-    argv = ringtrain_argv("train", "mnist", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", "--threads",
-                          "1", "--epochs", "1", "--subset", "256", "--max-steps-per-epoch", "2",
-                          "--no-progress", "--results-json", str(results))
+    job = ["--threads", "1", "--epochs", "1", "--subset", "1024", "--no-progress", "--no-resume"]
+    argv = ringtrain_argv("train", "mnist", "--ray", ray_cluster.env["RAY_ADDRESS"], "-np", "2", *job,
+                          "--results-json", str(results))
     result = netns_hosts.run("hostA", argv, timeout=300, env=ray_cluster.env, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:] + "".join(f"\n--- {log}:\n{tail(log)}"
@@ -183,7 +185,14 @@ def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: Namesp
     assert "[0] ringtrain train: 2 rank(s)" in result.stdout, output[-4000:]
     body = json.loads(results.read_text())  # rank 0 wrote it on its node (both hosts share this disk)
     assert body["world_size"] == 2
-    assert [epoch["steps"] for epoch in body["epochs"]] == [2]
+    assert [epoch["steps"] for epoch in body["epochs"]] == [8]
+    plain = tmp_path / "plain.json"
+    alone = netns_hosts.run("hostA", ringtrain_argv("train", "mnist", "-np", "2", *job, "--results-json",
+                                                    str(plain)), timeout=300, cwd=tmp_path)
+    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
+    facts = ("steps", "train_loss", "eval_loss", "accuracy", "eval_items")
+    on_ray, on_one_host = body["epochs"][-1], json.loads(plain.read_text())["epochs"][-1]
+    assert {k: on_ray[k] for k in facts} == {k: on_one_host[k] for k in facts}
 
 
 def kill_ray_node(daemon: subprocess.Popen[bytes]) -> None:
