@@ -112,15 +112,26 @@ def test_a_rank_killed_on_one_node_restarts_the_group_on_both(tmp_path):
     assert json.loads((tmp_path / "result.json").read_text())["step"] == 200
 
 
-def test_a_restart_after_the_other_node_finished_ends_the_job_on_both():
+#: Rank 0 leaves its pid and ends; rank 1 fails only once rank 0's agent has taken that exit (its pid is
+#: reaped): a failure that came sooner would find node 0 still running and restart both nodes' ranks.
+FAILS_AFTER_RANK_0_ENDED = """
+if [ "$RANK" = 0 ]; then echo $$ > "$MARKS/rank0.tmp" && mv "$MARKS/rank0.tmp" "$MARKS/rank0.pid"; exit 0; fi
+while [ ! -s "$MARKS/rank0.pid" ]; do sleep 0.05; done
+while [ -e "/proc/$(cat "$MARKS/rank0.pid")" ]; do sleep 0.05; done
+exit 3
+"""
+
+
+def test_a_restart_after_the_other_node_finished_ends_the_job_on_both(tmp_path):
     """node 0's rank is done, node 1's fails and restarts: no group restart is possible, nobody waits."""
     port = free_port()
-    script = '[ "$RANK" = 1 ] && exit 3; exit 0'
     argv = [sys.executable, "-m", "ringtrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--start-timeout", "60",
             "--max-restarts", "1"]
-    procs = [subprocess.Popen([*argv, "--node-rank", str(rank), "sh", "-c", script], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    env = {**os.environ, "MARKS": str(tmp_path)}
+    procs = [subprocess.Popen([*argv, "--node-rank", str(rank), "sh", "-c", FAILS_AFTER_RANK_0_ENDED],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
     (code0, out0), (code1, out1) = _both(procs, guard=90)  # far below the 240 s rendezvous timeout
     assert code0 == 1, out0
     assert "this node's ranks finished, but the job failed elsewhere" in out0, out0
