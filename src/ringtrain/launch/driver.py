@@ -312,8 +312,9 @@ class HostsJob:
         self.config, self.plan, self.environ = config, plan, environ
         self.nodes, self.local = nodes, local
         peer_timeout = float(read_knob("peer_timeout_s", environ))
+        self.peer_timeout = peer_timeout
         self.silence_limit = link.contact_timeout(peer_timeout, config.max_restarts)
-        self.pulse = supervision.Pulse(self.beat_every(peer_timeout))
+        self.pulse = supervision.Pulse(link.beat_interval(peer_timeout))
         self.failures: list[RankFailure] = []
         self.lock = threading.Lock()
         self.agents: list[supervision.RankGroup] = []
@@ -321,10 +322,6 @@ class HostsJob:
         #: asked anything of it, by node index.
         self.ended_early: dict[int, float] = {}
         self.signals = supervision.StopSignals()
-
-    def beat_every(self, peer_timeout: float) -> float:
-        """Seconds between this driver's heartbeats to its agents (each beat a pipe write here)."""
-        return link.beat_interval(peer_timeout)
 
     def run(self) -> int:
         try:

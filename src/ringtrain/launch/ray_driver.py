@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import link, store_host
+from ringtrain.launch import link, store_host, supervision
 from ringtrain.launch.config import LaunchConfig, exported_values
 from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
 from ringtrain.launch.hosts import HostSlots
@@ -186,10 +186,8 @@ class RayJob(HostsJob):
         nodes = [HostSlots(name, n.slots) for name, n in zip(names, placement.nodes)]
         plan = HostsPlan(tuple(nodes), sum(n.slots for n in nodes), "ray")
         super().__init__(config, plan, environ, nodes, [False] * len(nodes))
-
-    def beat_every(self, peer_timeout: float) -> float:
         # every beat is an actor call (and every agent's beat one more): as sparse as the limit allows
-        return link.sparse_beat_interval(peer_timeout)
+        self.pulse = supervision.Pulse(link.sparse_beat_interval(self.peer_timeout))
 
     def start_agents(self) -> None:
         import ray

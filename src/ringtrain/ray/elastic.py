@@ -15,6 +15,7 @@ the package's layers (tests/test_layers.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -144,8 +145,15 @@ class ElasticJob:
             here = ray.util.get_node_ip_address()
             argv = self.argv(ray.get_runtime_context().gcs_address, join_address(here, server.port))
             env = {**os.environ, **self.env_vars, auth.ENV_SECRET: secret}
-            with ray_logger.relayed(ray_logger.StoreRelay(store, callbacks) if callbacks else None):
+            relay = ray_logger.StoreRelay(store, callbacks) if callbacks else None
+            try:
                 code, tail = _run_launcher(argv, env)
+            finally:
+                if relay is not None and sys.exc_info()[0] is not None:
+                    with contextlib.suppress(Exception):  # the launcher's own error is the one to raise
+                        relay.close()
+            if relay is not None:
+                relay.close()
             if code != 0:
                 raise RuntimeError(
                     f"{self.what}: the elastic job failed (exit code {code}; min {self.min_np}, max "

@@ -301,13 +301,16 @@ class RayExecutor:
         import ray
 
         relay = ray_logger.CallbackRelay(callbacks)
-        with ray_logger.relayed(relay):
+        try:
             ray.get([w.set_queue.remote(relay.queue) for w in self.workers])
-            try:
-                yield
-            finally:
-                with contextlib.suppress(Exception):  # a worker gone already logs nothing more
-                    ray.get([w.set_queue.remote(None) for w in self.workers])
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the call's own error is the one to raise
+                relay.close()
+            raise
+        with contextlib.suppress(Exception):  # a worker gone already logs nothing more
+            ray.get([w.set_queue.remote(None) for w in self.workers])
+        relay.close()
 
     def _gather(self, refs: list[Any], what: str, timeout_s: float | None = None) -> list[Any]:
         """The results of ``refs`` (one per rank, in rank order). The first rank that fails ends the job:

@@ -19,7 +19,7 @@ import struct
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 #: The job-store key an elastic job's ranks append their values to.
@@ -63,62 +63,26 @@ def _rank() -> int:
     return int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")) or 0)
 
 
-class _Relay:
-    """What both drivers' sides share: a thread (``target``) that hands each value to every callback,
-    and the first error a callback raised, kept for :meth:`close` to raise on the caller's thread."""
-
-    def __init__(self, callbacks: Iterable[Callable[[Any], Any]], target: Callable[[], None],
-                 name: str) -> None:
-        self.callbacks = list(callbacks)
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=target, name=name, daemon=True)
-        self._thread.start()
-
-    def _deliver(self, value: Any) -> None:
-        if self.error is not None:  # a callback failed: the call's end raises it, nothing more is called
-            return
-        try:
-            for callback in self.callbacks:
-                callback(value)
-        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by close()
-            self.error = exc
-
-    def _stop(self) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-@contextlib.contextmanager
-def relayed(relay: _Relay | None) -> Iterator[None]:
-    """Close ``relay`` (None: nothing to do) when the block ends: raising a callback's error after a
-    block that succeeded, quietly after one that raised (its own error is the one to see)."""
-    if relay is None:
-        yield
-        return
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            relay.close()
-        raise
-    relay.close()
+def call_each(callbacks: Sequence[Callable[[Any], Any]], value: Any) -> None:
+    for callback in callbacks:
+        callback(value)
 
 
 # --- a fixed-size executor: a Ray queue ---------------------------------------------------------------
 
-class CallbackRelay(_Relay):
+class CallbackRelay:
     """The driver's side for actors: a Ray queue the ranks put to, drained on a thread into the
     callbacks; :meth:`close` takes what is left, ends the queue and raises a callback's error."""
 
     def __init__(self, callbacks: Iterable[Callable[[Any], Any]]) -> None:
         from ray.util.queue import Queue
 
+        self.callbacks = list(callbacks)
         self.queue = Queue(actor_options={"num_cpus": 0})
-        super().__init__(callbacks, self._drain, "ringtrain-ray-callbacks")
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="ringtrain-ray-callbacks", daemon=True)
+        self._thread.start()
 
     def _drain(self) -> None:
         from ray.util.queue import Empty
@@ -132,11 +96,16 @@ class CallbackRelay(_Relay):
                 continue
             except Exception:  # noqa: BLE001 - the queue's actor went away (the cluster is ending)
                 return
-            self._deliver(value)
+            if self.error is None:
+                try:
+                    call_each(self.callbacks, value)
+                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by close()
+                    self.error = exc
 
     def close(self) -> None:
         """Wait until every value put so far reached the callbacks, then end the queue."""
-        self._stop()
+        self._done.set()
+        self._thread.join()
         with contextlib.suppress(Exception):
             self.queue.shutdown()
         if self.error is not None:
@@ -174,22 +143,30 @@ def read_frames(data: bytes, offset: int) -> tuple[list[Any], int]:
     return values, offset
 
 
-class StoreRelay(_Relay):
+class StoreRelay:
     """The driver's side for an elastic job: reads :data:`LOG_KEY` of the executor's store on a thread
     and calls the callbacks with each new value; :meth:`close` reads the rest and raises a callback's
     error."""
 
     def __init__(self, store: Any, callbacks: Iterable[Callable[[Any], Any]]) -> None:
         self.store = store.clone()  # a connection of its own: the caller's is busy with the job
+        self.callbacks = list(callbacks)
+        self.error: BaseException | None = None
         self._offset = 0
-        super().__init__(callbacks, self._watch, "ringtrain-elastic-callbacks")
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ringtrain-elastic-callbacks", daemon=True)
+        self._thread.start()
 
     def _take(self) -> None:
         if not self.store.check([LOG_KEY]):
             return
         values, self._offset = read_frames(self.store.get(LOG_KEY), self._offset)
         for value in values:
-            self._deliver(value)
+            if self.error is None:
+                try:
+                    call_each(self.callbacks, value)
+                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by close()
+                    self.error = exc
 
     def _watch(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -197,7 +174,8 @@ class StoreRelay(_Relay):
                 self._take()
 
     def close(self) -> None:
-        self._stop()
+        self._done.set()
+        self._thread.join()
         with contextlib.suppress(ConnectionError, OSError):
             self._take()
         self.store.close()
@@ -205,5 +183,4 @@ class StoreRelay(_Relay):
             raise self.error
 
 
-__all__ = ["LOG_KEY", "CallbackRelay", "StoreRelay", "StoreSink", "configure", "log", "read_frames",
-           "relayed"]
+__all__ = ["LOG_KEY", "CallbackRelay", "StoreRelay", "StoreSink", "configure", "log", "read_frames"]
