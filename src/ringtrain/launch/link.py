@@ -158,8 +158,7 @@ class DriverEnd(Hearing):
         if self.stopping or not self.talks:
             return
         # A full pipe (a child or an ssh that does not read) skips a beat rather than block the driver.
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            os.write(self.stdin.fileno(), b"\n")  # type: ignore[union-attr]
+        self.write(b"\n")
 
     def stop(self) -> None:
         """A stop request (the stream stays open for a kill request), or end-of-file where the child
@@ -185,9 +184,15 @@ class DriverEnd(Hearing):
         return True
 
     def request(self, request: bytes) -> bool:
+        return self.write(request + b"\n")
+
+    def write(self, data: bytes) -> bool:
+        """``data`` on the child's stdin, whole; False where it could not be written (a full pipe, a
+        child gone, stdin already closed). A link over another channel (a Ray node's bridge) overrides
+        this and :meth:`close`."""
         try:
-            return os.write(self.stdin.fileno(), request + b"\n") == len(request) + 1  # type: ignore[union-attr]
-        except (OSError, ValueError, AttributeError):  # a full pipe, a child gone, stdin already closed
+            return os.write(self.stdin.fileno(), data) == len(data)  # type: ignore[union-attr]
+        except (OSError, ValueError, AttributeError):
             return False
 
     def close(self) -> None:

@@ -123,6 +123,31 @@ class NodeAgentActor:
         threading.Thread(target=self._wait, daemon=True).start()
         return self.proc.pid
 
+    def start_bridge(self, argv: Sequence[str], env: Mapping[str, str], secret: Sequence[Any],
+                     cwd: str | None, driver: Sequence[Any], node: int, token: Sequence[Any]) -> int:
+        """Start the node's agent behind a bridge of its own (:mod:`ringtrain.launch.ray_bridge`) that
+        outlives this actor: it connects to the driver at ``driver`` (host, port) as node ``node``,
+        proving ``token`` (a one-element list holding an object reference, as ``secret``), and watches
+        this node's raylet. ``argv``, ``env``, ``secret`` and ``cwd`` as :meth:`start`. Returns the
+        bridge's pid once it runs on its own (the driver may end this actor then)."""
+        import json
+
+        import ray
+
+        order = {"argv": list(argv), "env": agent_environment(os.environ, env), "cwd": cwd,
+                 "secret": (ray.get(secret[0]) if secret else None) or "", "token": ray.get(token[0]),
+                 "driver_host": str(driver[0]), "driver_port": int(driver[1]), "node": int(node),
+                 # the raylet started this worker process: its pid is in Ray's variable, or our parent's
+                 "raylet_pid": int(os.environ.get("RAY_RAYLET_PID") or os.getppid())}
+        bridge = subprocess.Popen([sys.executable, "-m", "ringtrain.launch.ray_bridge"],
+                                  env=agent_environment(os.environ, {}), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, start_new_session=True)
+        out, _ = bridge.communicate(json.dumps(order).encode() + b"\n", timeout=60)
+        if bridge.returncode != 0 or not out.strip().isdigit():
+            raise RuntimeError(f"the node's bridge did not start (exit status {bridge.returncode}, said "
+                               f"{out.decode(errors='replace').strip()!r})")
+        return int(out)
+
     def _read(self, stream: IO[bytes], is_err: bool) -> None:
         for raw in iter(stream.readline, b""):
             with self.changed:

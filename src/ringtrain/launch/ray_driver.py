@@ -27,12 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ringtrain.engine import auth
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import link, store_host, supervision
+from ringtrain.launch import ray_bridge, store_host
 from ringtrain.launch.config import LaunchConfig, exported_values
 from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.places.ray import RayGroup
+from ringtrain.launch.places.ray_bridged import BridgedRayGroup
 from ringtrain.launch.plan import HostsPlan
 from ringtrain.launch.ray_actor import agent_actor
 from ringtrain.launch.remote import forwarded_environment
@@ -186,8 +188,6 @@ class RayJob(HostsJob):
         nodes = [HostSlots(name, n.slots) for name, n in zip(names, placement.nodes)]
         plan = HostsPlan(tuple(nodes), sum(n.slots for n in nodes), "ray")
         super().__init__(config, plan, environ, nodes, [False] * len(nodes))
-        # every beat is an actor call (and every agent's beat one more): as sparse as the limit allows
-        self.pulse = supervision.Pulse(link.sparse_beat_interval(self.peer_timeout))
 
     def start_agents(self) -> None:
         import ray
@@ -198,6 +198,10 @@ class RayJob(HostsJob):
         endpoint = f"{config.master_addr or first.node['node_ip']}:{port}"
         run_id = config.rdzv_id or uuid.uuid4().hex[:12]
         secret_ref = ray.put(store_host.node_secret(self.environ, whole_job_here=True) or "")
+        # each node's bridge proves this token when it connects back (auth.new_secret: 256 random bits)
+        token = auth.new_secret()
+        token_ref = ray.put(token)
+        listen_host = ray.util.get_node_ip_address()  # this driver's address as the Ray nodes reach it
         slots, hosts = [n.slots for n in nodes], [n.host for n in nodes]
         # as the ssh place: the launcher's knobs and -x NAME values travel in the agent's environment
         forwarded = forwarded_environment(self.environ, exported_values(config, self.environ))
@@ -205,12 +209,14 @@ class RayJob(HostsJob):
         for k, (node, where) in enumerate(zip(nodes, placed)):
             agent_config = replace(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots,
                                                hosts), ray=None)
-            env = {**forwarded, link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
+            env = dict(forwarded)
             if where.gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(where.gpu_ids)
-            agent = RayGroup(node.host, node_argv(agent_config), env, actor=where.actors[0], node=where.node,
-                             ranks=range(start, start + node.slots), secret_ref=secret_ref, lock=self.lock,
-                             on_error_line=self._take_marker)
+            agent = BridgedRayGroup(node.host, node_argv(agent_config), env, actor=where.actors[0],
+                                    node=where.node, ranks=range(start, start + node.slots), index=k,
+                                    listen_host=listen_host, token=token, token_ref=token_ref,
+                                    secret_ref=secret_ref, lock=self.lock, on_error_line=self._take_marker,
+                                    connect_timeout=max(config.start_timeout, ray_bridge.CONNECT_TIMEOUT_S))
             if config.verbose:
                 print(f"ringtrain run: node {k} on Ray node {where.node['node_ip']} ({node.host}): ranks "
                       f"{start}-{start + node.slots - 1}, agent pid {agent.pid}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from ringtrain.launch.places import PLACES, LocalGroup
 def test_the_table_names_each_place_by_its_kind():
     assert PLACES["local"] is LocalGroup
     assert all(cls.kind == name for name, cls in PLACES.items())
-    assert set(PLACES) == {"local", "ssh", "srun", "ray"}
+    assert set(PLACES) == {"local", "ssh", "srun", "ray", "ray-bridged"}
 
 
 def test_the_child_gets_exactly_the_environment_given():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ringtrain.launch.places.local import LocalGroup
 from ringtrain.launch.places.ray import RayGroup
+from ringtrain.launch.places.ray_bridged import BridgedRayGroup
 from ringtrain.launch.places.srun import SrunStep
 from ringtrain.launch.places.ssh import SshGroup
 from ringtrain.launch.supervision import RankGroup
@@ -22,6 +23,7 @@ PLACES: dict[str, type[RankGroup]] = {
     SshGroup.kind: SshGroup,
     SrunStep.kind: SrunStep,
     RayGroup.kind: RayGroup,
+    BridgedRayGroup.kind: BridgedRayGroup,
 }
 
-__all__ = ["PLACES", "LocalGroup", "RayGroup", "SrunStep", "SshGroup"]
+__all__ = ["PLACES", "BridgedRayGroup", "LocalGroup", "RayGroup", "SrunStep", "SshGroup"]

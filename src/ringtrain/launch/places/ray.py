@@ -65,22 +65,7 @@ class RayGroup(RelayedGroup):
         import ray
 
         super().__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
-        self.actor = actor
-        self.node = dict(node)
-        self.ranks = ranks
-        self._code: int | None = None
-        #: Ray's error when the actor died (its node lost, its process killed), else None.
-        self.lost: BaseException | None = None
-        #: When the driver last heard from the actor (wall-clock): a lost node went after this.
-        self.last_heard = time.time()
-        self._stopping = False
-        #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
-        self._killed_at: float | None = None
-        self._ray_killed = False
-        #: Whether the agent never started (see ``start_timeout``).
-        self.not_started = False
-        #: Whether the actor was killed after the agent ended, to free its resources (the elastic driver).
-        self.freed = False
+        self._init_state(actor, node, ranks)
         cwd = (reach or Reach()).cwd or os.getcwd()
         started = actor.start.remote(list(argv), dict(env or {}),
                                      [secret_ref] if secret_ref is not None else [], cwd)
@@ -98,6 +83,26 @@ class RayGroup(RelayedGroup):
             return
         self._relay = threading.Thread(target=self._fetch, name=f"ringtrain-ray-relay-{host}", daemon=True)
         self._relay.start()
+
+    def _init_state(self, actor: Any, node: Mapping[str, str], ranks: range) -> None:
+        """What every Ray node's group keeps: its actor, node and ranks, its end, and what was lost."""
+        self.actor = actor
+        self.node = dict(node)
+        self.ranks = ranks
+        self._code: int | None = None
+        self._pid = 0
+        #: Ray's error when the actor died (its node lost, its process killed), else None.
+        self.lost: BaseException | None = None
+        #: When the driver last heard from the actor (wall-clock): a lost node went after this.
+        self.last_heard = time.time()
+        self._stopping = False
+        #: When :meth:`kill` was first called (monotonic), and whether Ray was asked to kill the actor.
+        self._killed_at: float | None = None
+        self._ray_killed = False
+        #: Whether the agent never started (see ``start_timeout``).
+        self.not_started = False
+        #: Whether the actor was killed after the agent ended, to free its resources (the elastic driver).
+        self.freed = False
 
     # --- output ----------------------------------------------------------------------------------
     def _fetch(self) -> None:
