@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 TICK = os.sysconf("SC_CLK_TCK")
 
+#: What a Ray node's bridge (ringtrain.launch.ray_bridge) has on its command line.
+BRIDGE = "ringtrain.launch.ray_bridge"
 #: Roles, in the order the report lists them.
-ROLES = ("ranks", "driver", "agent", "actors", "ray daemons", "benchmark", "other")
+ROLES = ("ranks", "driver", "agent", "bridge", "actors", "ray daemons", "benchmark", "other")
 
 
 def role_by_command(command: str, pid: int, driver_pid: int, bench_pid: int) -> str:
@@ -31,6 +33,8 @@ def role_by_command(command: str, pid: int, driver_pid: int, bench_pid: int) -> 
         return "driver"
     if "ringtrain.launch.worker_entry" in command:
         return "ranks"
+    if BRIDGE in command:
+        return "bridge"
     if "ringtrain.launch.node_entry" in command:
         return "agent"
     if command.startswith("ray::NodeAgentActor"):
@@ -135,12 +139,14 @@ class CpuAccount:
     def _role_of(self, pid: int, parent: int) -> str | None:
         """A new process's role; only this benchmark's own descendants count (other people's Ray
         clusters and ranks on the same machine are "other")."""
-        if pid != self.bench_pid and not self._descends(parent):
-            return None
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fp:
                 command = fp.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
+            return None
+        # a Ray node's bridge detaches from the actor that started it (its parent is init then): it and
+        # what runs under it (the agent, the ranks) are the job's all the same
+        if pid != self.bench_pid and not self._descends(parent) and BRIDGE not in command:
             return None
         return self.classify(command, pid, self.driver_pid, self.bench_pid)
 

@@ -129,7 +129,7 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
 
 def place(config: LaunchConfig) -> Placement:
     """Reserve the ranks' room and start an actor in every bundle; the nodes in node-rank order (node
-    0 holds bundle 0)."""
+    0 is the driver's Ray node where it got ranks, else the node of bundle 0)."""
     import ray
 
     from ringtrain.ray import cluster
@@ -167,7 +167,15 @@ def place(config: LaunchConfig) -> Placement:
             with contextlib.suppress(Exception):  # an actor already gone holds nothing
                 ray.kill(spare)
         del node.actors[1:]
-    return Placement(reservation, [node.actors[0] for node in nodes.values()], list(nodes.values()))
+    ordered = driver_node_first(list(nodes.values()), ray.get_runtime_context().get_node_id())
+    return Placement(reservation, [node.actors[0] for node in ordered], ordered)
+
+
+def driver_node_first(nodes: list[RayNode], driver_node_id: str) -> list[RayNode]:
+    """``nodes`` with the driver's own Ray node first where it holds ranks: node 0 holds the job's
+    rendezvous and rank 0, beside the driver, as with ``ringtrain run -H`` started on its first host
+    (the other nodes keep their order)."""
+    return sorted(nodes, key=lambda node: node.node.get("node_id") != driver_node_id)
 
 
 def in_bundle(group: Any, index: int) -> Any:
