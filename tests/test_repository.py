@@ -319,7 +319,12 @@ def test_the_quick_start_prints_the_accuracy_the_readme_quotes(tmp_path: Path) -
     assert result.returncode == 0, result.stdout + result.stderr
     done = re.search(r"done: 4 epoch\(s\) in [\d.]+s, test accuracy (\d+\.\d+)%", result.stdout)
     assert done, result.stdout
-    assert f"test accuracy {done[1]}%" in _readme(), f"the quick start printed {done[1]} %"
+    # Deterministic on one kind of CPU; another's kernels (AVX-512 or not) round differently, by a few
+    # hundredths of a percent: the README's figure, to a quarter of a point, is what a user checks
+    quoted = re.search(r"test accuracy (\d+\.\d+)%", _readme())
+    assert quoted, "the README quotes no accuracy of its quick start"
+    assert abs(float(done[1]) - float(quoted[1])) <= 0.25, \
+        f"the quick start printed {done[1]} %, the README says {quoted[1]} %"
     # ringtrain train end to end on two ranks: the last epoch's line, the results file, one metrics row
     # an epoch below the header
     assert "epoch 4/4" in result.stdout

@@ -111,6 +111,7 @@ def bridge(tmp_path: Path) -> Iterator[Started]:
         raylet.wait()
 
 
+@pytest.mark.slow
 def test_the_bridge_detaches_starts_the_agent_and_carries_the_link_both_ways(bridge):
     # detached: the command that started it has ended, the bridge runs on in a session of its own
     assert alive(bridge.bridge_pid)
@@ -130,6 +131,7 @@ def test_the_bridge_detaches_starts_the_agent_and_carries_the_link_both_ways(bri
     wait_for(lambda: not alive(bridge.bridge_pid), 60, "the bridge's end")
 
 
+@pytest.mark.slow
 def test_the_raylets_end_is_told_to_the_driver_and_stops_the_agent(bridge):
     receive(bridge.sock, bridge.heard, text=b"secret s3cret\n")
     bridge.raylet.kill()
@@ -141,6 +143,7 @@ def test_the_raylets_end_is_told_to_the_driver_and_stops_the_agent(bridge):
     wait_for(lambda: not alive(bridge.bridge_pid), 60, "the bridge's end")
 
 
+@pytest.mark.slow
 def test_a_driver_that_goes_away_stops_the_agent_and_the_bridge(bridge):
     receive(bridge.sock, bridge.heard, text=b"secret s3cret\n")
     agent = bridge.heard.pid
@@ -149,6 +152,7 @@ def test_a_driver_that_goes_away_stops_the_agent_and_the_bridge(bridge):
              "the agent's and the bridge's end")
 
 
+@pytest.mark.slow
 def test_a_kill_frame_kills_the_agents_processes(bridge):
     bridge.sock.sendall(ray_bridge.frame(ray_bridge.KILL))
     heard = receive(bridge.sock, bridge.heard, until=ray_bridge.EXIT)
@@ -193,6 +197,7 @@ def test_frames_longer_than_the_limit_are_refused():
             ray_bridge.recv_frame(server)
 
 
+@pytest.mark.slow
 def test_the_bridge_module_imports_no_torch():
     """It runs beside the ranks for the whole job: torch would cost seconds and memory for nothing."""
     code = "import sys, ringtrain.launch.ray_bridge; print('torch' in sys.modules)"

@@ -149,3 +149,74 @@ def test_each_node_keeps_the_one_actor_of_its_agent_and_the_group_keeps_every_bu
     finally:
         placement.release()
     all_cpus_free()
+
+
+#: A stand-in node agent: says its secret line and a variable sent along, beats once, echoes the link's
+#: lines until "stop".
+AGENT = """
+import os, sys
+print(f"secret {sys.stdin.readline().strip()} extra {os.environ['EXTRA']}", flush=True)
+print("@@RINGTRAIN_ALIVE@@", file=sys.stderr, flush=True)
+for line in sys.stdin:
+    if line.strip() == "stop":
+        print("stopping", file=sys.stderr, flush=True)
+        raise SystemExit(143)
+    print(f"heard {line.strip()!r}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_node_agent_runs_behind_its_bridge_once_its_actor_ended(local_cluster, tmp_path):
+    """The fixed-size job's place: the actor starts the agent behind a bridge and is ended (no Ray worker
+    process costs the ranks CPU); the link (the secret, output, heartbeats both ways, stop) goes on over
+    the bridge's connection."""
+    import io
+
+    from ringtrain.launch.places.ray_bridged import BridgedRayGroup
+    from ringtrain.launch.ray_actor import agent_actor
+
+    actor = agent_actor(1, 0).remote()
+    node = ray.get(actor.where.remote(), timeout=60)
+    out, err, token = io.StringIO(), io.StringIO(), "k" * 64
+    group = BridgedRayGroup("here", ["python", "-c", AGENT], {"EXTRA": "1"}, actor=actor, node=node,
+                            ranks=range(0, 1), index=0, listen_host="127.0.0.1", token=token,
+                            token_ref=ray.put(token), secret_ref=ray.put("s3cret"), out=out, err=err)
+    with pytest.raises(ray.exceptions.RayActorError):  # the actor is gone, its agent runs on
+        ray.get(actor.where.remote(), timeout=60)
+    wait_for(lambda: group.hearing.heard is not None, 60, "the agent's heartbeat")
+    group.beat()
+    wait_for(lambda: "heard ''" in out.getvalue(), 60, "the driver's heartbeat at the agent")
+    group.stop()
+    assert group.wait(timeout=60) == 143
+    assert out.getvalue() == "secret s3cret extra 1\nheard ''\n"
+    assert err.getvalue() == "stopping\n"  # the heartbeat is the link's, not the console's
+    assert group.lost is None
+    assert group.pid > 0
+    all_cpus_free()
+
+
+def test_node_0_is_the_drivers_own_ray_node_where_it_holds_ranks():
+    from ringtrain.launch.ray_driver import RayNode, driver_node_first
+
+    nodes = [RayNode({"node_id": name}, [], 1, []) for name in ("b", "c", "a")]
+    assert [n.node["node_id"] for n in driver_node_first(nodes, "a")] == ["a", "b", "c"]
+    assert [n.node["node_id"] for n in driver_node_first(nodes, "elsewhere")] == ["b", "c", "a"]
+
+
+@pytest.mark.slow
+def test_a_bridge_that_cannot_prove_the_token_is_refused_and_the_group_fails_naming_the_address(
+        local_cluster):
+    """The bridge proves another token than the driver's (as an impostor would): the driver never admits
+    it, and gives up after its timeout with the address the nodes must reach."""
+    from ringtrain.launch.places.ray_bridged import BridgedRayGroup
+    from ringtrain.launch.ray_actor import agent_actor
+
+    actor = agent_actor(1, 0).remote()
+    node = ray.get(actor.where.remote(), timeout=60)
+    with pytest.raises(TimeoutError, match=r"did not connect back to this driver at 127\.0\.0\.1:\d+ within "
+                                           r"3 s\. HINT: the Ray nodes must reach the driver's address"):
+        BridgedRayGroup("here", ["python", "-c", AGENT], {"EXTRA": "1"}, actor=actor, node=node,
+                        ranks=range(0, 1), index=0, listen_host="127.0.0.1", token="a" * 64,
+                        token_ref=ray.put("b" * 64), connect_timeout=3)
+    ray.kill(actor)
+    all_cpus_free()

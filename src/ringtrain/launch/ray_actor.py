@@ -1,9 +1,16 @@
-"""The Ray actor of ``ringtrain run --ray``: one node's agent as its child process, its pipes held here.
+"""The Ray actor of ``ringtrain run --ray``: it starts one node's agent, as its child or behind a bridge.
+
+Two ways, one per driver. The fixed-size driver (:mod:`ringtrain.launch.ray_driver`) has the actor
+start the agent behind a bridge of its own (:meth:`NodeAgentActor.start_bridge`,
+:mod:`ringtrain.launch.ray_bridge`) and then ends the actor; its side is
+:class:`ringtrain.launch.places.ray_bridged.BridgedRayGroup`. The elastic driver
+(:mod:`ringtrain.launch.ray_elastic`) keeps each worker's actor for the worker's life, the worker its
+child and its pipes held here (:meth:`NodeAgentActor.start`); its side is
+:class:`ringtrain.launch.places.ray.RayGroup`.
 
 Kept apart from :mod:`ringtrain.launch.places` (whose modules import torch through the job store):
 every bundle of the job's placement group starts one of these actors, and each imports this module
-first, so it imports nothing but the standard library (Ray and the port helper where used). The
-driver's side is :class:`ringtrain.launch.places.ray.RayGroup`.
+first, so it imports nothing but the standard library (Ray and the port helper where used).
 """
 
 from __future__ import annotations

@@ -6,11 +6,13 @@ answers on fails within ``--start-timeout``); reserve a placement group, one bun
 each bundle ``--ray-cpus-per-rank`` CPUs and ``--ray-gpus-per-rank`` GPUs per rank (a group the
 cluster cannot fit fails after ``--ray-placement-timeout`` naming what was asked and what the cluster
 has); put one :class:`~ringtrain.launch.places.ray.NodeAgentActor` in every bundle, to learn which
-node each bundle went to; keep the first actor of each node, which runs that node's agent (the
-placement group holds every bundle's CPUs and GPUs until the job ends), and end the others. From there the job
-is a multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`): the same
-rendezvous on node 0, the same relay with rank prefixes, the same root-cause report and
-``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
+node each bundle went to; end all but the first actor of each node, which starts that node's agent
+behind a bridge (:mod:`ringtrain.launch.ray_bridge`) that connects back to this driver, and ends too
+(the placement group holds every bundle's CPUs and GPUs until the job ends). From there the job is a
+multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`, each node a
+:class:`~ringtrain.launch.places.ray_bridged.BridgedRayGroup`): the same rendezvous on node 0 (the
+driver's own Ray node where it got ranks), the same relay with rank prefixes, the same root-cause
+report and ``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
 
 With ``--min-np``/``--max-np`` the job is elastic instead (:mod:`ringtrain.launch.ray_elastic`): no
 placement group; the elastic driver starts one actor per worker on the cluster's living nodes and
@@ -123,6 +125,9 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
         return 1
     try:
         return RayJob(config, environ, placement).run()
+    except (TimeoutError, ConnectionError) as exc:  # a node's bridge that did not connect back (said why)
+        print(f"ringtrain run: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         placement.release()
 

@@ -1,13 +1,15 @@
-"""A group of ranks on one Ray node: a Ray actor there runs the node's agent as its child process.
+"""A group of ranks on one Ray node: a Ray actor there runs the node's agent (an elastic worker) as its
+child process, for as long as it runs.
 
-``ringtrain run --ray`` (:mod:`ringtrain.launch.ray_driver`) places one
-:class:`~ringtrain.launch.ray_actor.NodeAgentActor` per Ray node. The actor starts the same agent
-the ssh place starts (``python -m ringtrain.launch.node_entry CONFIG_JSON``) as a child process, so
-the ranks are ordinary processes of that agent and never import Ray. The actor holds the child's
-pipes: it writes what the driver sends (the secret, heartbeats, stop and kill requests of
-:mod:`ringtrain.launch.link`) on the child's stdin, and keeps its output lines until the driver
-fetches them (:meth:`NodeAgentActor.output`, a call that waits for lines, so output arrives as it is
-written without a busy loop).
+The elastic ``ringtrain run --ray --min-np`` (:mod:`ringtrain.launch.ray_elastic`) starts one
+:class:`~ringtrain.launch.ray_actor.NodeAgentActor` per worker. The actor starts the command
+(``python -m ringtrain.launch.elastic_worker ...``) as a child process, so the ranks are ordinary
+processes and never import Ray. The actor holds the child's pipes: it writes what the driver sends (the
+secret, heartbeats, stop and kill requests of :mod:`ringtrain.launch.link`) on the child's stdin, and
+keeps its output lines until the driver fetches them (:meth:`NodeAgentActor.output`, a call that waits
+for lines, so output arrives as it is written without a busy loop). The fixed-size ``--ray`` job's
+agents run behind bridges instead, without their actors (:mod:`ringtrain.launch.places.ray_bridged`,
+which builds on this class).
 
 :class:`RayGroup` is the driver's side, a :class:`~ringtrain.launch.supervision.RankGroup`: a thread
 fetches the output and relays it as a ``ProcessGroup`` relays a child's pipes. When the actor dies

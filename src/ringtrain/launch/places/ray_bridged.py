@@ -81,7 +81,8 @@ class BridgedRayGroup(RayGroup):
         super(RayGroup, self).__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         self._init_state(actor, node, ranks)
         cwd = (reach or Reach()).cwd or os.getcwd()
-        with socket.create_server((listen_host, 0)) as listener:
+        family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
+        with socket.create_server((listen_host, 0), family=family) as listener:
             port = listener.getsockname()[1]
             started = actor.start_bridge.remote(list(argv), dict(env or {}),
                                                 [secret_ref] if secret_ref is not None else [], cwd,
