@@ -22,6 +22,7 @@ import pytest
 
 from ringtrain.launch import ray_bridge
 from tests.integration.system import wait_for
+from tests.processes import alive
 
 TOKEN = "t" * 64
 #: A stand-in agent: says the secret line it got, echoes the link's lines on stdout, beats on stderr,
@@ -74,14 +75,6 @@ class Started:
     bridge_pid: int
     raylet: subprocess.Popen[bytes]
     heard: Heard
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
