@@ -220,3 +220,41 @@ def test_a_bridge_that_cannot_prove_the_token_is_refused_and_the_group_fails_nam
                         token_ref=ray.put("b" * 64), connect_timeout=3)
     ray.kill(actor)
     all_cpus_free()
+
+
+#: A rank that says when it is ready, and ends once a SIGUSR1 reaches it.
+WAITS_FOR_SIGUSR1 = """
+import os, pathlib, signal, sys, time
+def on_usr1(signum, frame):
+    print(f"rank {os.environ['RANK']} got SIGUSR1", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_usr1)
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(120)
+raise SystemExit("no SIGUSR1 came")
+"""
+
+
+@pytest.mark.slow
+def test_a_sigusr1_at_the_driver_reaches_the_ranks_on_the_ray_node(local_cluster, capsys, tmp_path):
+    """A scheduler's warning signal goes on to the ranks over the bridge's link, as over ssh: the rank
+    ends cleanly from its handler (a Trainer would write its snapshot there)."""
+    import os
+    import signal
+    import threading
+
+    script, ready = tmp_path / "usr1.py", tmp_path / "ready"
+    script.write_text(WAITS_FOR_SIGUSR1)
+
+    def signal_once_ready() -> None:
+        wait_for(ready.exists, 120, "the rank's ready file")
+        os.kill(os.getpid(), signal.SIGUSR1)  # the driver (this process, in main()) forwards it
+
+    sender = threading.Thread(target=signal_once_ready, daemon=True)
+    sender.start()
+    code = main(["run", "--ray", "-np", "1", "python", str(script), str(ready)])
+    sender.join(timeout=10)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "[0] rank 0 got SIGUSR1" in out, out + err
+    all_cpus_free()
