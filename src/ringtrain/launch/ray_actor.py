@@ -111,16 +111,11 @@ class NodeAgentActor:
         shows in Ray's task listings) becomes the first line of its stdin. Returns the agent's pid."""
         import ray
 
-        environment = agent_environment(os.environ, env)
-        pipe = subprocess.PIPE
-        self.proc = subprocess.Popen([sys.executable, *list(argv)[1:]], env=environment, stdin=pipe,
-                                     stdout=pipe, stderr=pipe, start_new_session=True,
-                                     cwd=cwd if cwd and os.path.isdir(cwd) else None)
+        from ringtrain.launch.ray_bridge import start_agent
+
         # the link's first line (as store_host.send_secret writes it, which would import torch here)
         value = (ray.get(secret[0]) if secret else None) or ""
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.proc.stdin.write(value.encode() + b"\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+        self.proc = start_agent(argv, agent_environment(os.environ, env), value, cwd)
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.set_blocking(self.proc.stdin.fileno(), False)  # type: ignore[union-attr]
         self.readers = [threading.Thread(target=self._read, args=(stream, is_err), daemon=True)

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ringtrain.engine import auth
+from ringtrain.engine.netutil import recv_exact
 
 # --- the wire --------------------------------------------------------------------------------------
 #: Frames from the bridge: the agent's pid, a piece of its stdout or stderr, its exit status (after
@@ -62,23 +63,12 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
     return HEAD.pack(kind, len(payload)) + payload
 
 
-def recv_exact(sock: socket.socket, count: int) -> bytes:
-    """Exactly ``count`` bytes from ``sock``; ConnectionError when it closes first."""
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("the connection closed")
-        data += chunk
-    return bytes(data)
-
-
 def recv_frame(sock: socket.socket) -> tuple[bytes, bytes]:
     """The next frame on ``sock``: its kind and payload."""
     kind, length = HEAD.unpack(recv_exact(sock, HEAD.size))
     if length > MAX_PAYLOAD:
         raise ConnectionError(f"a frame of {length} bytes, more than {MAX_PAYLOAD}: not a ringtrain bridge")
-    return kind, recv_exact(sock, length) if length else b""
+    return kind, bytes(recv_exact(sock, length)) if length else b""
 
 
 def prove_to_driver(sock: socket.socket, token: str, node: int) -> None:
@@ -154,8 +144,8 @@ class Bridge:
             os.kill(self.raylet_pid, 0)
         except ProcessLookupError:
             return True
-        except PermissionError:
-            return False
+        except PermissionError:  # there, but another user's: alive
+            pass
         return False
 
     def on_driver_frame(self) -> None:

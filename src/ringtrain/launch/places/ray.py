@@ -212,12 +212,16 @@ class RayGroup(RelayedGroup):
     def lost_contact(self) -> bool:
         return self.lost is not None
 
+    def ranks_text(self) -> str:
+        """This node's ranks in words: "rank 3", "ranks 2-3"."""
+        first, last = self.ranks[0], self.ranks[-1]
+        return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
     def describe_end(self, what: str) -> str:
         """A lost actor names its Ray node and the ranks that were on it."""
         if self.lost is None:
             return super().describe_end(what)
-        first, last = self.ranks[0], self.ranks[-1]
-        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        ranks = self.ranks_text()
         reason = (str(self.lost).strip().splitlines() or [type(self.lost).__name__])[0]
         if self.not_started:
             return (f"{what} could not start on Ray node {self.node.get('node_ip', '?')} (host {self.host}) "

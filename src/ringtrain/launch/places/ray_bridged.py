@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
+from ringtrain.engine.netutil import open_listener
 from ringtrain.launch import ray_bridge
 from ringtrain.launch.link import DriverEnd
 from ringtrain.launch.places.ray import KILL_WAIT_S, LOST_EXIT, RayGroup
@@ -81,8 +82,7 @@ class BridgedRayGroup(RayGroup):
         super(RayGroup, self).__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         self._init_state(actor, node, ranks)
         cwd = (reach or Reach()).cwd or os.getcwd()
-        family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
-        with socket.create_server((listen_host, 0), family=family) as listener:
+        with open_listener(listen_host) as listener:
             port = listener.getsockname()[1]
             started = actor.start_bridge.remote(list(argv), dict(env or {}),
                                                 [secret_ref] if secret_ref is not None else [], cwd,
@@ -211,12 +211,10 @@ class BridgedRayGroup(RayGroup):
     def describe_end(self, what: str) -> str:
         if self.lost is None:
             return super().describe_end(what)
-        first, last = self.ranks[0], self.ranks[-1]
-        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
         return (f"lost Ray node {self.node.get('node_ip', '?')} (host {self.host}, node id "
-                f"{self.node.get('node_id', '?')[:12]}) with {ranks} of the job: {what} ended with it "
-                f"({self.lost}). HINT: look for that node's end (ray stop, out of memory, host down) in "
-                "Ray's logs there")
+                f"{self.node.get('node_id', '?')[:12]}) with {self.ranks_text()} of the job: {what} ended "
+                f"with it ({self.lost}). HINT: look for that node's end (ray stop, out of memory, host "
+                "down) in Ray's logs there")
 
 
 __all__ = ["BridgeEnd", "BridgedRayGroup", "NodeLost"]
