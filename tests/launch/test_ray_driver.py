@@ -181,8 +181,16 @@ def test_a_node_agent_runs_behind_its_bridge_once_its_actor_ended(local_cluster,
     group = BridgedRayGroup("here", ["python", "-c", AGENT], {"EXTRA": "1"}, actor=actor, node=node,
                             ranks=range(0, 1), index=0, listen_host="127.0.0.1", token=token,
                             token_ref=ray.put(token), secret_ref=ray.put("s3cret"), out=out, err=err)
-    with pytest.raises(ray.exceptions.RayActorError):  # the actor is gone, its agent runs on
-        ray.get(actor.where.remote(), timeout=60)
+    def actor_gone() -> bool:
+        try:
+            ray.get(actor.where.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+
+    # the actor is gone (ray.kill is asynchronous: a call made at once may still be served), its agent
+    # runs on
+    wait_for(actor_gone, 60, "the node actor's end")
     wait_for(lambda: group.hearing.heard is not None, 60, "the agent's heartbeat")
     group.beat()
     wait_for(lambda: "heard ''" in out.getvalue(), 60, "the driver's heartbeat at the agent")
