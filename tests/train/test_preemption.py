@@ -109,12 +109,16 @@ def test_stop_requested_answers_for_this_process_without_a_job():
 
 # --- end to end: kill -9, -USR1, -TERM of `ringtrain train mnist -np 2` mid-epoch, then the same command ---
 
-STEPS_PER_EPOCH = 32  # 2000 items / (2 ranks x 32)
+# A signal stops the ranks within about two of the agreement's half-second intervals: up to a hundred
+# steps on a fast machine. Each stop of the test needs that many steps left after it, so the job is 225
+# steps long (on a 2-core Intel Xeon, 2,000 items and 64 steps were too few: a SIGTERM came after the end).
+SUBSET, EPOCHS = 4800, 3
+STEPS_PER_EPOCH = 75  # 4800 items / (2 ranks x 32)
 
 
 def _argv(snaps: Path, results: Path) -> list[str]:
-    return [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", "2", "--subset", "2000",
-            "--epochs", "2", "--batch-size", "32", "--save-every-steps", "4", "--snapshot-dir", str(snaps),
+    return [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", "2", "--subset", str(SUBSET),
+            "--epochs", str(EPOCHS), "--batch-size", "32", "--save-every-steps", "4", "--snapshot-dir", str(snaps),
             "--keep-last", "20", "--no-progress", "--threads", "1", "--results-json", str(results)]
 
 
@@ -148,7 +152,7 @@ def _stop_with(sig: int, snaps: Path, results: Path, after: int) -> tuple[subpro
     snapshot = Path(line.split(", snapshot ")[1].split(" (")[0])
     assert snapshot == snaps / f"snapshot-{step:09d}.pt"
     assert snapshot.exists()
-    assert max(4, after + 1) <= step < 2 * STEPS_PER_EPOCH
+    assert max(4, after + 1) <= step < EPOCHS * STEPS_PER_EPOCH
     assert max(_steps(snaps)) == step  # the agreed step's snapshot is the last one written
     assert "Run the same command again to resume from it." in line
     assert not results.exists()
@@ -196,11 +200,11 @@ def test_a_kill_and_signals_mid_epoch_each_resume_with_the_same_command(tmp_path
     body = json.loads(results.read_text())
     assert body["resumed_from"] is not None
     assert Path(body["resumed_from"]).name.startswith("snapshot-")
-    # the epochs this last run finished: from the one its snapshot is in to the end (2 in all). Which epoch
-    # the SIGTERM came in depends on how fast the machine is: step 31 is still epoch 1, step 32 ended it.
-    assert [e["epoch"] for e in body["epochs"]] == list(range(second_step // STEPS_PER_EPOCH + 1, 3))
-    assert body["epochs"][-1]["steps"] == 2 * STEPS_PER_EPOCH  # the step count of an uninterrupted run
-    assert body["epochs"][-1]["epoch"] == 2
+    # the epochs this last run finished: from the one its snapshot is in to the end (EPOCHS in all). Which epoch
+    # the SIGTERM came in depends on how fast the machine is: step 74 is still epoch 1, step 75 ended it.
+    assert [e["epoch"] for e in body["epochs"]] == list(range(second_step // STEPS_PER_EPOCH + 1, EPOCHS + 1))
+    assert body["epochs"][-1]["steps"] == EPOCHS * STEPS_PER_EPOCH  # the step count of an uninterrupted run
+    assert body["epochs"][-1]["epoch"] == EPOCHS
     assert body["epochs"][-1]["accuracy"] > 0.85
 
 
