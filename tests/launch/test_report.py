@@ -41,6 +41,27 @@ def test_within_a_second_a_rank_that_said_why_comes_before_one_timed_to_the_seco
     assert earliest([failure(1, 99.0, exitcode=2), said]).rank == 1  # an earlier second still wins
 
 
+@pytest.mark.parametrize("message", [
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[127.0.0.1]:40123",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer",
+    "RuntimeError: [gloo/transport/tcp/pair.cc:575] Write error [127.0.0.1]:5555: Broken pipe",
+    "ControlPlaneError: rank 0 closed its control connection (it exited or failed)",
+    "ControlPlaneError: connection to rank 0 failed during a transfer: [Errno 104] reset",
+])
+def test_within_a_second_a_rank_that_lost_its_peer_comes_after_the_rank_that_was_killed(message):
+    # rank 0 SIGKILLed at 100.7 (timed 100.0, no error file); rank 1 saw the closed connection at 100.8
+    killed = failure(0, 100.0, exitcode=-signal.SIGKILL)
+    consequence = failure(1, 100.8, message=message)
+    assert earliest([consequence, killed]) is killed
+    assert earliest([killed, consequence]) is killed
+    # a rank that said something else still comes first within its second, and an earlier second wins
+    assert earliest([killed, failure(2, 100.9, message="ValueError: bad batch")]).rank == 2
+    assert earliest([failure(1, 99.9, message=message), killed]).rank == 1
+    # and it is still a root cause when nothing else failed
+    assert earliest([consequence]) is consequence
+
+
 def test_report_names_host_rank_signal_and_traceback():
     text = format_report(failure(2, 0.0, exitcode=-signal.SIGKILL, traceback="Traceback\nBoom\n"), 2, 4)
     assert "hostB" in text

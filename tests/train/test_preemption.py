@@ -118,8 +118,9 @@ STEPS_PER_EPOCH = 75  # 4800 items / (2 ranks x 32)
 
 def _argv(snaps: Path, results: Path) -> list[str]:
     return [sys.executable, "-m", "ringtrain.cli.main", "train", "mnist", "-np", "2", "--subset", str(SUBSET),
-            "--epochs", str(EPOCHS), "--batch-size", "32", "--save-every-steps", "4", "--snapshot-dir", str(snaps),
-            "--keep-last", "20", "--no-progress", "--threads", "1", "--results-json", str(results)]
+            "--epochs", str(EPOCHS), "--batch-size", "32", "--save-every-steps", "4",
+            "--snapshot-dir", str(snaps), "--keep-last", "20", "--no-progress", "--threads", "1",
+            "--results-json", str(results)]
 
 
 def _steps(snaps: Path) -> list[int]:
@@ -200,8 +201,8 @@ def test_a_kill_and_signals_mid_epoch_each_resume_with_the_same_command(tmp_path
     body = json.loads(results.read_text())
     assert body["resumed_from"] is not None
     assert Path(body["resumed_from"]).name.startswith("snapshot-")
-    # the epochs this last run finished: from the one its snapshot is in to the end (EPOCHS in all). Which epoch
-    # the SIGTERM came in depends on how fast the machine is: step 74 is still epoch 1, step 75 ended it.
+    # the epochs this last run finished: from the one its snapshot is in to the end. Which epoch the
+    # SIGTERM came in depends on how fast the machine is: step 74 is still epoch 1, step 75 ended it.
     assert [e["epoch"] for e in body["epochs"]] == list(range(second_step // STEPS_PER_EPOCH + 1, EPOCHS + 1))
     assert body["epochs"][-1]["steps"] == EPOCHS * STEPS_PER_EPOCH  # the step count of an uninterrupted run
     assert body["epochs"][-1]["epoch"] == EPOCHS

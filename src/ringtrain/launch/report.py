@@ -26,6 +26,12 @@ PREEMPTED_EXIT = 75
 #: Words in an error that mean the rank asked for a GPU (CUDA tensors, NCCL, the NVIDIA driver).
 _GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
 
+#: Words in an error that mean the rank failed because another one went away (gloo's and NCCL's
+#: transports, ringtrain's engine): a consequence, not a cause.
+_PEER_LOST_WORDS = re.compile(r"closed by peer|reset by peer|broken pipe|remote process exited|"
+                              r"\(it exited or failed\)|: it exited or failed|failed during a transfer",
+                              re.IGNORECASE)
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -95,12 +101,19 @@ def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
 
     Ranks ended by SIGTERM were stopped by their agent because another rank failed, so they come last.
     A rank that left no error file is timed by torch's agent to the whole second only, so within one
-    second a rank that said why it failed (its own, exact time) comes first.
+    second a rank that said why it failed (its own, exact time) comes first, unless what it said is
+    that a peer went away: that rank failed because of another one (a rank killed by a signal, timed to
+    the second), so within one second it comes after every other.
     """
     ordered = sorted(enumerate(failures),
                      key=lambda item: (item[1].exitcode == -signal.SIGTERM, int(item[1].time),
-                                       not item[1].message, item[1].time, item[0]))
+                                       lost_a_peer(item[1]), not item[1].message, item[1].time, item[0]))
     return ordered[0][1] if ordered else None
+
+
+def lost_a_peer(failure: RankFailure) -> bool:
+    """Whether the rank's error says that another rank's connection closed under it."""
+    return bool(failure.message and _PEER_LOST_WORDS.search(failure.message))
 
 
 def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None,
