@@ -42,6 +42,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLES = ROOT / "tests" / "ray" / "horovod_ray_examples.py"
 GCS_PORT = 6380
+#: The head's Ray Client server (Ray's default port, the one KubeRay exposes).
+CLIENT_PORT = 10001
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
 RAY_NODE_FLAGS = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
 
@@ -68,7 +70,8 @@ def ray_cluster(netns_hosts: NamespaceHosts) -> Iterator[RayCluster]:
     daemons = [
         spawn_daemon(netns_hosts.command("hostA", [
             RAY_CLI, "start", "--head", "--port", str(GCS_PORT), "--node-ip-address", head,
-            "--include-dashboard=false", "--temp-dir", str(folders[0] / "t"), *RAY_NODE_FLAGS]),
+            "--ray-client-server-port", str(CLIENT_PORT), "--include-dashboard=false", "--temp-dir",
+            str(folders[0] / "t"), *RAY_NODE_FLAGS]),
             folders[0] / "ray.log", env=clean_env(auth)),
     ]
     cluster = RayCluster({"RAY_ADDRESS": f"{head}:{GCS_PORT}", **auth},
@@ -193,6 +196,37 @@ def test_ringtrain_train_ray_trains_across_the_two_ray_nodes(netns_hosts: Namesp
     facts = ("steps", "train_loss", "eval_loss", "accuracy", "eval_items")
     on_ray, on_one_host = body["epochs"][-1], json.loads(plain.read_text())["epochs"][-1]
     assert {k: on_ray[k] for k in facts} == {k: on_one_host[k] for k in facts}
+
+
+def test_ringtrain_run_ray_through_a_ray_client_address(netns_hosts: NamespaceHosts, ray_cluster: RayCluster,
+                                                        tmp_path: Path) -> None:
+    """``--ray ray://HEAD:10001``: the driver is a Ray Client of the head, and the job still puts one rank
+    on each node. Without ``RAY_AUTH_MODE=token`` Ray's client sends no token, the cluster's server opens
+    no session, and the error says what to set (Ray itself reports only a timeout)."""
+    script = tmp_path / "where.py"
+    script.write_text(RANK_SCRIPT)
+    argv = ringtrain_argv("run", "--ray", f"ray://{netns_hosts.hosts['hostA'].address}:{CLIENT_PORT}", "-np",
+                          "2", "python", str(script))
+    auth = {k: v for k, v in ray_cluster.env.items() if k != "RAY_ADDRESS"}
+    result = netns_hosts.run("hostA", argv, env=auth, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:] + "".join(f"\n--- {log}:\n{tail(log)}"
+                                                            for log in ray_cluster.logs)
+    seen = re.findall(r"^\[(\d)\] rank=(\d) local_rank=0 of 2 host=(host[AB]) ray_imported=False ",
+                      result.stdout, re.MULTILINE)
+    assert [(prefix, rank) for prefix, rank, _ in sorted(seen)] == [("0", "0"), ("1", "1")], output[-4000:]
+    assert sorted(host for *_, host in seen) == ["hostA", "hostB"], output[-4000:]
+
+    # the token without the mode: the client's retries shortened to a second each
+    refused = netns_hosts.run("hostA", argv, cwd=tmp_path, env={
+        "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": auth["RAY_AUTH_TOKEN"],
+        "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1"})
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr  # one line, no traceback, not Ray's own warning
+    assert lines[0].startswith("ringtrain run: error: the Ray Client server at ray://"), refused.stderr
+    assert "started no session" in lines[0], refused.stderr
+    assert "RAY_AUTH_MODE=token" in lines[0], refused.stderr
 
 
 def kill_ray_node(daemon: subprocess.Popen[bytes]) -> None:

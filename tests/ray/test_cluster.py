@@ -40,3 +40,21 @@ def test_the_executor_reports_it_from_start(monkeypatch: pytest.MonkeyPatch) -> 
 def test_an_address_that_is_not_host_port_is_named(address: str) -> None:
     with pytest.raises(ValueError, match="is not HOST:PORT"):
         connect(address, timeout_s=1)
+
+
+def test_a_ray_client_server_that_opens_no_session_is_told_apart_by_the_auth_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The words of the error; the real refusal (a token-authenticated head, a client without the mode)
+    is tests/integration/test_ray_two_hosts.py::test_ringtrain_run_ray_through_a_ray_client_address."""
+    from ringtrain.ray.cluster import _client_refused
+
+    timeout = ConnectionError("ray client connection timeout")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    text = _client_refused("ray://head:10001", timeout)
+    assert text.startswith("the Ray Client server at ray://head:10001 accepted the connection but started no "
+                           "session (ray client connection timeout). HINT: ")
+    assert "RAY_AUTH_MODE=token where you run this" in text
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    text = _client_refused("ray://head:10001", timeout)
+    assert "RAY_AUTH_MODE=token where" not in text
+    assert "holds the cluster's token" in text

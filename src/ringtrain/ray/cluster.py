@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +48,39 @@ def connect(address: str | None, timeout_s: float,
     address = (address or os.environ.get(ADDRESS_VARIABLE, "")).strip() or None
     if address not in (None, "auto", "local"):
         _check_reachable(address, timeout_s, timeout_hint)
-    if quiet:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    client = address is not None and address.startswith("ray://")
+    try:
+        with warnings.catch_warnings():
+            if quiet and client:  # Ray Client's own warning on a timeout: the error below says more
+                warnings.simplefilter("ignore", UserWarning)
+            if quiet:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING)
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    except ConnectionError as exc:
+        if not client:
+            raise
+        raise ClusterUnreachableError(_client_refused(address, exc)) from exc
+
+
+#: Ray's switch for its token authentication, which the cluster's nodes and every client must agree on.
+AUTH_MODE_VARIABLE = "RAY_AUTH_MODE"
+
+
+def _client_refused(address: str, exc: BaseException) -> str:
+    """The error for a Ray Client server that accepts the connection but opens no session."""
+    head = (f"the Ray Client server at {address} accepted the connection but started no session "
+            f"({str(exc).strip().rstrip('.')})")
+    if os.environ.get(AUTH_MODE_VARIABLE, "").strip().lower() != "token":
+        # Ray 2.59 turned token authentication on by default for `ray start --head`, and its Ray Client
+        # sends the token only when this variable says so: the server then refuses every call, and the
+        # client reports a timeout.
+        return (f"{head}. HINT: a cluster with Ray's token authentication (the default of `ray start --head` "
+                f"since Ray 2.59) needs {AUTH_MODE_VARIABLE}=token where you run this, with the cluster's "
+                "token in RAY_AUTH_TOKEN or ~/.ray/auth_token (`ray get-auth-token` on the head prints it).")
+    return (f"{head}. HINT: check that RAY_AUTH_TOKEN (or ~/.ray/auth_token) holds the cluster's token, and "
+            "read ray_client_server.err in the head's Ray log folder.")
 
 
 def _check_reachable(address: str, timeout_s: float, timeout_hint: str) -> None:
