@@ -49,6 +49,8 @@ def connect(address: str | None, timeout_s: float,
     if address not in (None, "auto", "local"):
         _check_reachable(address, timeout_s, timeout_hint)
     client = address is not None and address.startswith("ray://")
+    if quiet and client:
+        _quiet_client_log_stream()
     try:
         with warnings.catch_warnings():
             if quiet and client:  # Ray Client's own warning on a timeout: the error below says more
@@ -62,6 +64,24 @@ def connect(address: str | None, timeout_s: float,
         if not client:
             raise
         raise ClusterUnreachableError(_client_refused(address, exc)) from exc
+
+
+#: The logger Ray Client re-logs the server's log records with, on this process's stderr.
+CLIENT_LOG_STREAM = "ray.util.client.logsclient"
+
+
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def _quiet_client_log_stream() -> None:
+    """Keep the Ray Client server's own warnings (its session's ``ray.init`` runs in a thread and says
+    so) off the user's terminal, as the local driver's are; errors still show. A filter, not a level:
+    Ray sets that logger's level itself when the session starts."""
+    stream = logging.getLogger(CLIENT_LOG_STREAM)
+    if not any(isinstance(f, _ErrorsOnly) for f in stream.filters):
+        stream.addFilter(_ErrorsOnly())
 
 
 #: Ray's switch for its token authentication, which the cluster's nodes and every client must agree on.
