@@ -205,6 +205,8 @@ class RayJob(HostsJob):
     def start_agents(self) -> None:
         import ray
 
+        from ringtrain.ray import cluster
+
         config, nodes, placed = self.config, self.nodes, self.placement.nodes
         first = placed[0]
         port = config.master_port or int(ray.get(first.actors[0].free_port.remote()))
@@ -214,7 +216,7 @@ class RayJob(HostsJob):
         # each node's bridge proves this token when it connects back (auth.new_secret: 256 random bits)
         token = auth.new_secret()
         token_ref = ray.put(token)
-        listen_host = ray.util.get_node_ip_address()  # this driver's address as the Ray nodes reach it
+        listen_host = cluster.driver_address([where.node["node_ip"] for where in placed])
         slots, hosts = [n.slots for n in nodes], [n.host for n in nodes]
         # as the ssh place: the launcher's knobs and -x NAME values travel in the agent's environment
         forwarded = forwarded_environment(self.environ, exported_values(config, self.environ))

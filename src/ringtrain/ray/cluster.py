@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +187,21 @@ def store_host(node_ips: Iterable[str]) -> str:
     if len(routes) == 1 and None not in routes:
         return str(routes.pop())
     return here
+
+
+def driver_address(node_ips: Sequence[str]) -> str:
+    """This driver's address as the Ray nodes ``node_ips`` reach it: its own Ray node's; a Ray Client
+    driver is on no Ray node, so the address this host routes toward the first of them by (Ray's own
+    guess there probes a public address, which an air-gapped cluster has no route to)."""
+    import ray
+    from ray.util.client import ray as client
+
+    if client.is_connected():
+        for ip in node_ips:
+            route = route_address(ip)
+            if route is not None:
+                return route
+    return str(ray.util.get_node_ip_address())
 
 
 def node_addresses() -> dict[str, str]:
