@@ -181,3 +181,25 @@ def test_a_rank_whose_agent_died_before_it_started_ends_under_a_subreaper():
     done = subprocess.run([sys.executable, "-c", _SUBREAPER], capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == f"signal {int(signal.SIGTERM)}", done.stdout + done.stderr
+
+
+_CRASH = """
+import ctypes
+
+def read_nowhere():
+    return ctypes.string_at(0)  # a segfault in native code
+
+read_nowhere()
+"""
+
+
+def test_a_python_rank_that_crashes_in_native_code_shows_its_python_stack(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH)
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    env.pop("PYTHONFAULTHANDLER", None)
+    done = subprocess.run([sys.executable, "-m", "ringtrain.launch.worker_entry", "python", str(script)],
+                          capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == -signal.SIGSEGV, done.stderr
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert f'File "{script}", line 5 in read_nowhere' in done.stderr

@@ -13,6 +13,7 @@ keeps the pid: signals from the agent and exit codes reach the real program unch
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import re
@@ -244,6 +245,11 @@ def run_command(argv: list[str]) -> int:
     if os.environ.pop(NO_PYTHON_VARIABLE, "") == "1":  # --no-python: the command runs as it is
         os.execvp(program, [program, *rest])
     if in_process:
+        # A rank that crashes in native code (a segfault, an abort) shows where each of its Python
+        # threads was, in its output, which the launcher's failure report quotes; the Trainer's ranks
+        # get the same from torch's @record.
+        if not faulthandler.is_enabled():
+            faulthandler.enable(all_threads=True)
         return run_python(rest if is_python(program) else argv)
     if is_python(program):
         program = sys.executable
