@@ -49,17 +49,15 @@ def connect(address: str | None, timeout_s: float,
     if address not in (None, "auto", "local"):
         _check_reachable(address, timeout_s, timeout_hint)
     client = address is not None and address.startswith("ray://")
+    output: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING} if quiet else \
+        {"log_to_driver": True}
     if quiet and client:
         _quiet_client_log_stream()
     try:
         with warnings.catch_warnings():
             if quiet and client:  # Ray Client's own warning on a timeout: the error below says more
                 warnings.simplefilter("ignore", UserWarning)
-            if quiet:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.WARNING)
-            else:
-                ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            ray.init(address=address, include_dashboard=False, **output)
     except ConnectionError as exc:
         if not client:
             raise
@@ -177,9 +175,8 @@ def store_host(node_ips: Iterable[str]) -> str:
     """Where a job store hosted in this process listens for ranks on the Ray nodes ``node_ips``: loopback
     when all of them are this node, else the address this host uses toward them (this node's Ray address
     when the routes differ)."""
-    import ray
-
-    here = ray.util.get_node_ip_address()
+    node_ips = list(node_ips)
+    here = driver_address(node_ips)
     remote = sorted({ip for ip in node_ips if ip != here})
     if not remote:
         return "127.0.0.1"
