@@ -44,11 +44,13 @@ def _quick_start() -> tuple[str, str]:
 
 def test_the_readme_needs_two_commands_on_a_fresh_machine() -> None:
     train, test = _quick_start()
-    # the first installs ringtrain without the test tools, then trains
+    # the first installs ringtrain with the plot extra (the first hour's `ringtrain bench` draws
+    # scaling.png with matplotlib) and without the test tools, then trains
     train_steps = _steps(train)
     assert train_steps[0] == "python3 -m venv .venv"
-    assert "pip install -e ." in train_steps
-    assert not [s for s in train_steps if "[test]" in s], "users do not need the test extras"
+    installs = [s for s in train_steps if s.startswith("pip install") and not s.startswith("pip install torch")]
+    assert installs == ["pip install -e '.[plot]'"], f"install ringtrain with [plot] alone, not {installs}"
+    assert not [s for s in train_steps if "test" in s], "users do not need the test extras"
     assert train_steps[-1] == "ringtrain train mnist -np 2"
     # the second sets up the system packages of the integration tests and the test extras
     test_steps = _steps(test)
