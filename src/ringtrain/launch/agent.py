@@ -201,7 +201,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
     from ringtrain.launch.rendezvous import BACKEND, NodeMeeting, NodeView
     from ringtrain.launch.restarts import GroupAgent, Restart, run_agent
-    from ringtrain.launch.stopping import StopGuard
+    from ringtrain.launch.stopping import STOP_SIGNALS, StopGuard
 
     host = spec.host or socket.gethostname()
     log_dir = spec.log_dir or str(run_folder())
@@ -222,8 +222,9 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         monitor_interval=0.1, local_addr=spec.local_addr,
     )
     env = {**relay.worker_variables(), **spec.env}
-    # the agent writes this into os.environ; listing it here makes patched_environ restore it.
-    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = torch_config.signals_to_handle
+    # torch 2.10+'s agent writes this into os.environ; listing it here makes patched_environ restore it.
+    # Older agents have no such field and stop on the same signals without reading the variable.
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = getattr(torch_config, "signals_to_handle", ",".join(STOP_SIGNALS))
     env[AGENT_PID_VARIABLE] = str(os.getpid())  # the ranks' parent: how each learns that this agent died
     meeting = None
     if backend == BACKEND:
