@@ -9,9 +9,66 @@ command line and for subpackages such as ``ringtrain.env`` that do not need torc
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+#: The oldest torch release ringtrain runs on (pyproject's ``torch>=``); CI tests it and the newest.
+_TORCH_FLOOR: tuple[int, int] = (2, 4)
+
+
+class _TorchTooOldError(ImportError):
+    """The installed torch is older than :data:`_TORCH_FLOOR`."""
+
+
+def _torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string such as ``2.4.1+cu121`` or ``2.6.0a0+git1234``."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None  # a build that names itself oddly is not refused on a guess
+
+
+def _require_torch() -> None:
+    """Refuse an old torch here, in one line, instead of deep in the launcher on first use.
+
+    Reads the installed distribution's metadata, not ``torch`` itself, so that ``import ringtrain``
+    stays as cheap as before; without torch installed nothing is refused (the subpackages that need
+    torch say so when they import it).
+    """
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return
+    release = _torch_release(version)
+    if release is None or release >= _TORCH_FLOOR:
+        return
+    floor = ".".join(map(str, _TORCH_FLOOR))
+    error = _TorchTooOldError(
+        f"ringtrain needs torch {floor} or newer; this Python ({sys.executable}) has torch {version}. "
+        f"HINT: pip install 'torch>={floor}' (the build for your CUDA or CPU), then run it again.")
+    _one_line_if_uncaught(error)
+    raise error
+
+
+def _one_line_if_uncaught(error: BaseException) -> None:
+    """Print ``error`` as one line, without a traceback, if nothing catches it (the console script)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if value is error:
+            print(f"ringtrain: error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+_require_torch()
 
 # name -> module that defines it (a module path alone means the name is that submodule)
 _EXPORTS: dict[str, str] = {
