@@ -5,10 +5,11 @@ import json
 import pytest
 
 import ringtrain.bench
-from ringtrain.bench.hook import TAG, parse_line, parse_output
+from ringtrain.bench.hook import ENV_VAR, TAG, parse_line, parse_output, reporting
 
 
 def test_report_prints_one_parsable_line(capsys, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "1")  # as ringtrain bench sets it for its runs
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     for name in ("HOROVOD_RANK", "HOROVOD_SIZE"):
@@ -96,3 +97,19 @@ def test_an_epoch_line_says_which_epoch(capsys):
     assert body["steps"] == 10
     assert "epochs" not in body
     assert parse_line(ringtrain.bench.report(items=640, seconds=2.0, epochs=2))["epochs"] == 2
+
+
+def test_outside_ringtrain_bench_report_checks_and_returns_the_line_but_prints_nothing(capsys, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    line = ringtrain.bench.report(items=640, seconds=2.0, steps=10, epoch=1)
+    assert parse_line(line)["items"] == 640
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="HINT"):  # a wrong call shows in a plain run too
+        ringtrain.bench.report(items=-1, seconds=1.0)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, False), ("", False), ("0", False), ("false", False), (" off ", False), ("1", True), ("yes", True),
+])
+def test_only_a_set_bench_variable_turns_the_line_on(value, expected):
+    assert reporting({} if value is None else {ENV_VAR: value}) is expected

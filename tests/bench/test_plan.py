@@ -186,3 +186,16 @@ def test_the_link_is_probed_only_for_the_model():
     described = BenchSettings(workload="mnist", project=True).describe()
     assert described["project"] is True
     assert described["validate"] is False
+
+
+def test_every_run_of_a_sweep_tells_its_processes_that_ringtrain_bench_reads_their_reports():
+    """ringtrain.bench.report prints only under RINGTRAIN_BENCH=1: every kind of run carries it."""
+    from ringtrain.bench.hook import ENV_VAR
+    from ringtrain.bench.plan import startup_runs
+
+    script = BenchSettings(command=("python", "train.py"), nps=(1, 2), repeats=2)
+    builtin = BenchSettings(workload="mnist", nps=(1, 2), strategies=("single", "independent", "horovod"),
+                            repeats=1)
+    runs = [*plan_runs(script, threads=1), *plan_runs(builtin, threads=1), *startup_runs(script, threads=1)]
+    assert {run.strategy for run in runs} == {"single", "script", "independent", "horovod", "startup"}
+    assert all(run.env[ENV_VAR] == "1" for run in runs)

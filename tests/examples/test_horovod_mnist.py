@@ -44,6 +44,8 @@ def test_smoke_fp16_checkpoint_under_ringtrain_run(tmp_path):
     assert checkpoint.is_file()
     # only rank 0 printed the progress lines
     assert "[1] Train Epoch" not in result.stdout
+    # a plain run has no ringtrain bench reading its timing: no raw RINGTRAIN_BENCH JSON lines
+    assert "RINGTRAIN_BENCH" not in result.stdout + result.stderr, explain(result)
 
 
 @pytest.mark.slow

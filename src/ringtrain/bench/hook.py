@@ -10,10 +10,15 @@ which prints one line to stdout::
 
     RINGTRAIN_BENCH {"items": 20480, "seconds": 12.5, "rank": 0, "world_size": 2}
 
-Any program (not only Python) may print that line itself; the launcher's ``[rank]`` prefix and any
-other text before the tag are ignored. ``items`` counts what this process trained (not all ranks);
-``ringtrain bench`` adds up the ranks that reported and, when only some did, assumes the others were
-as fast (data-parallel ranks move in lockstep).
+It prints only when ``ringtrain bench`` runs the script (which sets ``RINGTRAIN_BENCH=1`` in the
+environment of its runs, :data:`ENV_VAR`): in a plain ``ringtrain run``, ``horovodrun`` or ``python``
+run the call checks its values and prints nothing, so a script can keep it without its users seeing
+raw JSON lines.
+
+Any program (not only Python) may print that line itself, best only when ``RINGTRAIN_BENCH`` is set;
+the launcher's ``[rank]`` prefix and any other text before the tag are ignored. ``items`` counts what
+this process trained (not all ranks); ``ringtrain bench`` adds up the ranks that reported and, when
+only some did, assumes the others were as fast (data-parallel ranks move in lockstep).
 
 A line is either the whole timed part (the last such line of a rank counts) or one epoch of it
 (``"epoch": k``): a rank's epoch lines are added up, so a script can report after every epoch and
@@ -29,10 +34,21 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 TAG = "RINGTRAIN_BENCH"
 """The marker at the start of a report line (after an optional launcher prefix)."""
+
+ENV_VAR = "RINGTRAIN_BENCH"
+"""Set to ``1`` by ``ringtrain bench`` for every run it starts: :func:`report` prints only then."""
+
+
+def reporting(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``ringtrain bench`` runs this process (:data:`ENV_VAR` set to ``1``), so report lines
+    have a reader; anything else (unset, empty, ``0``) keeps :func:`report` quiet."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _rank_and_size() -> tuple[int, int]:
@@ -50,7 +66,10 @@ def _rank_and_size() -> tuple[int, int]:
 
 def report(items: float, seconds: float, *, steps: int | None = None, epoch: int | None = None,
            epochs: float | None = None, gradient_bytes: int | None = None, **extra: Any) -> str:
-    """Print this process's throughput for ``ringtrain bench`` (and return the printed line).
+    """Print this process's throughput for ``ringtrain bench`` (and return the line).
+
+    The line is printed only under ``ringtrain bench`` (:func:`reporting`); elsewhere it is checked
+    and returned, not printed.
 
     ``items``: samples (images, tokens, ...) this process trained in the timed part, warm-up left out.
     ``seconds``: how long that took. ``steps`` (optimizer steps in those seconds) and
@@ -85,6 +104,8 @@ def report(items: float, seconds: float, *, steps: int | None = None, epoch: int
         body["gradient_bytes"] = int(gradient_bytes)
     body.update(extra)
     line = f"{TAG} {json.dumps(body, default=float)}"
+    if not reporting():  # nobody reads the line outside ringtrain bench: keep the user's output clean
+        return line
     # one write with its newline: lines of ranks sharing a pipe must not interleave mid-line
     sys.stdout.write(line + "\n")
     sys.stdout.flush()

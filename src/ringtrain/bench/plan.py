@@ -315,6 +315,15 @@ def script_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {"PYTHONPATH": pythonpath} if pythonpath else {}
 
 
+def bench_environment(settings: BenchSettings, threads: int) -> dict[str, str]:
+    """What every run of the sweep adds to the environment: its threads, unbuffered output (a report
+    line must not wait in a buffer until exit) and ``RINGTRAIN_BENCH=1``, without which
+    :func:`ringtrain.bench.report` prints nothing (scripts stay quiet outside ``ringtrain bench``)."""
+    from ringtrain.bench.hook import ENV_VAR
+
+    return {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", ENV_VAR: "1", **settings.extra_env}
+
+
 def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executable) -> list[RunSpec]:
     """Every run of the sweep, in the order to run them (interleaved, repeat by repeat)."""
     configs: list[tuple[str, int]] = [(BASELINE, 1)]
@@ -322,7 +331,7 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
         configs += [(strategy, n) for n in settings.nps if n > 1]
     # within a repeat: by process count, so competitors at the same size run back to back
     configs = [configs[0]] + sorted(configs[1:], key=lambda c: (c[1], settings.run_strategies.index(c[0])))
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **settings.extra_env}
+    env = bench_environment(settings, threads)
     runs = []
     for repeat in range(settings.repeats):
         for strategy, np in configs:
@@ -351,7 +360,7 @@ def startup_runs(settings: BenchSettings, threads: int, python: str = sys.execut
     program = probe_argv(settings.command, python)
     if program is None:
         return []
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **settings.extra_env}
+    env = bench_environment(settings, threads)  # as the script's own runs: the same imports, same variables
     runs = []
     for repeat in range(settings.repeats):
         for np in sorted({1, *settings.nps}):  # the baseline runs at one process whatever --np says

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ringtrain.bench.barrier import BarrierStrategy
-from ringtrain.bench.hook import parameters_digest, report
+from ringtrain.bench.hook import ENV_VAR, parameters_digest, report
 from ringtrain.bench.machine import boot_id, cpu_model
 from ringtrain.bench.plan import BARRIER
 from ringtrain.env.allocator import allocator_state
@@ -179,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="the run as JSON (written by ringtrain bench)")
     args = parser.parse_args(argv)
     from ringtrain.train.job import input_errors
+
+    # the worker exists to report: its line prints even when started by hand, outside a sweep
+    os.environ.setdefault(ENV_VAR, "1")
 
     try:
         run(json.loads(args.spec))
