@@ -184,3 +184,24 @@ def test_an_unsteady_row_is_flagged_and_warned_about():
             in table)
     assert "WARNING: 2 process(es) ddp" not in table
     assert "yes" in csv_text(shaky).splitlines()[1].split(",")
+
+
+def test_one_repeat_has_no_spread_n_a_in_the_table_and_null_in_json(tmp_path):
+    from tests.bench.helpers import body, measurement
+
+    once = body([measurement(0, "single", 1, 0, 100.0), measurement(1, "ddp", 2, 0, 80.0),
+                 measurement(2, "horovod-fp16", 2, 0, 0, ok=False)])
+    rows = {r["strategy"]: r for r in once["rows"]}
+    assert rows["single"]["spread"] is None
+    write_json(once, tmp_path / "scaling.json")
+    assert all(r["spread"] is None for r in json.loads((tmp_path / "scaling.json").read_text())["rows"])
+    lines = table_text(once).splitlines()
+    single = next(line for line in lines if " single " in line)
+    assert "n/a" in single
+    assert "0.0%" not in single
+    assert "n/a" not in next(line for line in lines if "horovod-fp16" in line)  # failed: nothing at all
+    assert "n/a: one repeat, nothing to compare (--repeats 3)" in table_text(once)
+    # two repeats: a spread, and no n/a footnote
+    twice = body([measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 100.0)])
+    assert "0.0%" in table_text(twice)
+    assert "n/a" not in table_text(twice)

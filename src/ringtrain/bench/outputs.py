@@ -175,6 +175,8 @@ def table_text(body: dict[str, Any]) -> str:
     lines.append("speedup and efficiency: " + ("items/s over the single-process baseline's" if has_items else
                                                 "the single-process baseline's time over this row's")
                  + " (efficiency = speedup / processes); spread: (max - min) / median over the repeats"
+                 + ("; n/a: one repeat, nothing to compare (--repeats 3)" if any(map(_single_repeat, rows))
+                    else "")
                  + ("; ! above 20%" if any(r.get("unsteady") for r in rows) else "")
                  + ("; p95 step: 95th percentile of every rank's step times" if has_tail else "")
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
@@ -195,9 +197,18 @@ def table_text(body: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _single_repeat(row: dict[str, Any]) -> bool:
+    """True for a row with one good run only: it has no spread, which is not the same as none measured."""
+    return row.get("spread") is None and row.get("runs", 0) - row.get("failed", 0) == 1
+
+
 def _spread_cell(row: dict[str, Any]) -> str:
-    """The spread over the repeats, ``!`` marking a row whose repeats or ranks disagree by over 20 %."""
-    cell = "-" if row.get("spread") is None else f"{100 * row['spread']:.1f}%"
+    """The spread over the repeats (``n/a`` with one good repeat, ``-`` with none), ``!`` marking a row
+    whose repeats or ranks disagree by over 20 %."""
+    if row.get("spread") is not None:
+        cell = f"{100 * row['spread']:.1f}%"
+    else:
+        cell = "n/a" if _single_repeat(row) else "-"
     return cell + " !" if row.get("unsteady") else cell
 
 

@@ -249,7 +249,8 @@ class Row:
     efficiency_min: float | None = None
     efficiency_max: float | None = None
     spread: float | None = None
-    """(max - min) / median of the throughput (or of the wall time) over the repeats."""
+    """(max - min) / median of the throughput (or of the wall time) over the repeats; None with fewer
+    than two good repeats (``n/a`` in the table: nothing to compare)."""
     speedup_from: str = "throughput"
     """``throughput`` (items/s) or ``wall time`` (a script that reported nothing)."""
     model_efficiency: float | None = None
@@ -306,7 +307,8 @@ def summarize(measurements: list[Measurement], startup: dict[int, float] | None 
         if rates:
             row.items_per_second = statistics.median(rates)
             row.items_per_second_min, row.items_per_second_max = min(rates), max(rates)
-            row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else 0.0
+            # one repeat has no spread to give: None (n/a in the table), not a 0 that reads as steady
+            row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else None
         row.seconds_per_step = _median([m.seconds_per_step for m in good if m.seconds_per_step])
         steps = step_times(good)
         if steps:
