@@ -205,3 +205,55 @@ def test_one_repeat_has_no_spread_n_a_in_the_table_and_null_in_json(tmp_path):
     twice = body([measurement(0, "single", 1, 0, 100.0), measurement(1, "single", 1, 1, 100.0)])
     assert "0.0%" in table_text(twice)
     assert "n/a" not in table_text(twice)
+
+
+def _short_body(seconds: float, **settings):
+    from tests.bench.helpers import body, measurement
+
+    short = body([measurement(0, "single", 1, 0, 100.0), measurement(1, "ddp", 2, 0, 80.0)])
+    for row in short["rows"]:
+        row["timed_seconds"], row["too_short"] = seconds * row["np"], seconds * row["np"] < 2.0
+    short["settings"].update(settings)
+    return short
+
+
+def test_a_short_timed_part_gets_one_warning_naming_sizes_seconds_threshold_and_the_fix():
+    from ringtrain.bench.outputs import short_run_warnings
+
+    (line,) = short_run_warnings(_short_body(0.5, steps=50, repeats=1))
+    assert line.startswith("WARNING: timed part too short to trust (under 2 s in a run): "
+                           "1 process(es) single 0.50 s, 2 process(es) ddp 1.00 s.")
+    assert "raise --steps to 200 or more and keep --repeats 3 or more, then rerun" in line
+    assert line in table_text(_short_body(0.5, steps=50, repeats=1))
+    # only the short rows are named; with --repeats 3 already there, it is not asked for again
+    (line,) = short_run_warnings(_short_body(1.2, steps=50, repeats=3))
+    assert "ddp" not in line
+    assert "1 process(es) single 1.20 s" in line
+    assert "raise --steps to 90 or more, then rerun" in line
+    assert short_run_warnings(_short_body(2.0)) == []
+    assert "too short" not in table_text(_short_body(2.0))
+
+
+def test_the_short_run_fix_names_the_flag_that_gives_more_work():
+    from ringtrain.bench.outputs import short_run_warnings
+
+    (line,) = short_run_warnings(_short_body(0.5, steps=None, epochs=1, repeats=3))
+    assert "raise --epochs to 4 or more" in line
+    # the first-hour command: the script's own --epochs, raised
+    hvd = {"workload": None, "steps": None, "repeats": 3,
+           "command": ["python", "examples/horovod_mnist.py", "--epochs", "1"]}
+    (line,) = short_run_warnings(_short_body(0.6, **hvd))
+    assert "give the script --epochs 4 or more (after --; it has 1)" in line
+    (line,) = short_run_warnings(_short_body(0.6, **{**hvd, "command": ["python", "train.py"]}))
+    assert "give the script about 4x as much to train (more epochs or steps, after --)" in line
+
+
+def test_csv_and_json_record_the_timed_part_and_a_short_row(tmp_path):
+    short = _short_body(0.5)
+    rows = list(csv.DictReader(io.StringIO(csv_text(short))))
+    assert [(r["timed_seconds"], r["too_short"]) for r in rows] == [("0.5", "yes"), ("1", "yes")]
+    from tests.bench.helpers import sample_body
+
+    write_json(sample_body(), tmp_path / "scaling.json")
+    saved = json.loads((tmp_path / "scaling.json").read_text())["rows"][0]
+    assert (saved["timed_seconds"], saved["too_short"]) == (1.0, True)

@@ -244,3 +244,29 @@ def test_a_silent_script_is_compared_by_wall_time_minus_its_start_up():
     rows = summarize([base, two], startup={1: 4.0, 2: 12.0})
     assert rows[1].speedup_from == "wall time"
     assert rows[1].speedup == pytest.approx(14 / 11)
+
+
+def test_a_row_records_its_shortest_timed_part_and_whether_it_is_too_short_to_trust():
+    from ringtrain.bench.records import SHORT_RUN_S
+
+    def timed(index: int, seconds: float, ok: bool = True) -> Measurement:
+        m = Measurement(index=index, repeat=index, strategy="single", np=1, wall_seconds=9.0)
+        combine_reports(m, [report(0, 1, 100 * seconds, seconds)])
+        if not ok:
+            m.status = "failed"
+        return m
+
+    (row,) = summarize([timed(0, 3.0), timed(1, 1.5), timed(2, 0.1, ok=False)])  # a failed run: not counted
+    assert row.timed_seconds == 1.5
+    assert row.too_short
+    assert row.as_dict()["too_short"] is True
+    (row,) = summarize([timed(0, SHORT_RUN_S), timed(1, 3.0)])
+    assert not row.too_short
+    assert row.as_dict()["timed_seconds"] == SHORT_RUN_S
+    # a silent script: its timed part is the wall time it is compared by, start-up left out when measured
+    base = Measurement(index=0, repeat=0, strategy="single", np=1, wall_seconds=5.0)
+    assert summarize([base])[0].timed_seconds == 5.0
+    (net,) = summarize([base], startup={1: 4.0})
+    assert net.timed_seconds == pytest.approx(1.0)
+    assert net.too_short
+    assert summarize([timed(0, 0.1, ok=False)])[0].timed_seconds is None  # nothing ran: nothing to say

@@ -20,13 +20,13 @@ from ringtrain.bench.hook import TAG
 from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
 from ringtrain.bench.plan import BARRIER, is_competitor
-from ringtrain.bench.records import SPREAD_WARNING
+from ringtrain.bench.records import SHORT_RUN_S, SPREAD_WARNING
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "step_seconds_p50", "step_seconds_p95", "seconds_per_epoch", "wall_seconds",
                "items_per_second", "items_per_second_min", "items_per_second_max", "speedup", "efficiency",
                "spread", "speedup_from", "model_efficiency", "lockstep_efficiency", "status", "rank_spread",
-               "startup_seconds", "net_wall_seconds", "unsteady")
+               "startup_seconds", "net_wall_seconds", "unsteady", "timed_seconds", "too_short")
 """scaling.csv's header, in order."""
 
 
@@ -96,7 +96,8 @@ def csv_text(body: dict[str, Any]) -> str:
                          row.get("speedup_from", ""), _num(row.get("model_efficiency")),
                          _num(row.get("lockstep_efficiency")), row["status"], _num(row.get("rank_spread")),
                          _num(row.get("startup_seconds")), _num(row.get("net_wall_seconds")),
-                         "yes" if row.get("unsteady") else ""])
+                         "yes" if row.get("unsteady") else "", _num(row.get("timed_seconds")),
+                         "yes" if row.get("too_short") else ""])
     return buffer.getvalue()
 
 
@@ -188,6 +189,7 @@ def table_text(body: dict[str, Any]) -> str:
                          "the best a synchronous strategy reaches here, even with free communication")
     lines += barrier_lines(rows)
     lines += spread_warnings(rows)
+    lines += short_run_warnings(body)
     failures = [e for r in rows for e in r.get("errors", [])]
     if failures:
         lines.append("")
@@ -257,6 +259,37 @@ def spread_warnings(rows: list[dict[str, Any]]) -> list[str]:
                      f"{100 * SPREAD_WARNING:.0f}%): the machine was not steady; rerun with more --repeats, "
                      "on a quieter machine, before publishing this row")
     return lines
+
+
+def _more_work(settings: dict[str, Any], factor: float) -> str:
+    """What gives every run ``factor`` times the timed work: the flag to raise, with its new value."""
+    command = list(settings.get("command") or [])
+    if not command:  # a built-in workload: its own flags
+        if settings.get("epochs"):
+            return f"raise --epochs to {math.ceil(settings['epochs'] * factor)} or more"
+        steps = settings.get("steps") or 0
+        return f"raise --steps to {10 * math.ceil(steps * factor / 10)} or more" if steps else \
+            "give every run more steps (--steps)"
+    for i, word in enumerate(command[:-1]):  # the script's own --epochs N (as examples/horovod_mnist.py)
+        if word == "--epochs" and command[i + 1].isdigit():
+            return (f"give the script --epochs {math.ceil(int(command[i + 1]) * factor)} or more (after --; "
+                    f"it has {command[i + 1]})")
+    return f"give the script about {math.ceil(factor)}x as much to train (more epochs or steps, after --)"
+
+
+def short_run_warnings(body: dict[str, Any]) -> list[str]:
+    """One warning for the rows whose timed part lasted under ``SHORT_RUN_S`` in some good repeat:
+    their process counts and seconds, the threshold, and the flag that gives the runs enough work."""
+    short = [r for r in body.get("rows", []) if r.get("too_short") and r.get("timed_seconds")]
+    if not short:
+        return []
+    settings = body.get("settings", {})
+    listed = ", ".join(f"{r['np']} process(es) {r['strategy']} {r['timed_seconds']:.2f} s" for r in short)
+    factor = SHORT_RUN_S / min(r["timed_seconds"] for r in short)
+    repeats = " and keep --repeats 3 or more" if (settings.get("repeats") or 0) < 3 else ""
+    return [f"WARNING: timed part too short to trust (under {SHORT_RUN_S:g} s in a run): {listed}. One-off "
+            "pauses and first-step set-up weigh too much in so short a run, so its speedup and efficiency "
+            f"can change from one sweep to the next: {_more_work(settings, factor)}{repeats}, then rerun"]
 
 
 def barrier_lines(rows: list[dict[str, Any]]) -> list[str]:

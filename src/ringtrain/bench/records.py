@@ -19,6 +19,16 @@ from ringtrain.bench.plan import BASELINE, INDEPENDENT, is_competitor
 SPREAD_WARNING = 0.20
 """A spread above this between repeats, or between the ranks of one run, gets a warning in the table."""
 
+SHORT_RUN_S = 2.0
+"""A run whose timed part is shorter than this (seconds) gets a warning: too short to be trusted.
+
+One-off costs inside the timed part (a first collective's connection set-up, lazy allocations in the
+first steps, a scheduler pause, another process taking a core, the clock settling after idle) last tens
+to hundreds of milliseconds, and hit one run but not the next. Under 2 s, one 100 ms event moves a run's
+items/s by over 5 %, so repeats of short runs disagree by more than a scaling table can say: one epoch
+of examples/horovod_mnist.py on two cores (about a second a run) read efficiency 0.42 in one sweep and
+1.87 in the next. Past 2 s such events fall to a few percent, within what ``--repeats 3`` shows."""
+
 
 @dataclass
 class Measurement:
@@ -264,11 +274,19 @@ class Row:
     """A script that reported nothing: the measured start-up of the same command at this size."""
     net_wall_seconds: float | None = None
     """Wall time minus ``startup_seconds`` (median over the repeats): what the speedup compares then."""
+    timed_seconds: float | None = None
+    """The shortest timed part of the good repeats: the reported seconds (of the slowest rank), else
+    the wall time minus start-up, else the wall time. Under ``SHORT_RUN_S``: ``too_short``."""
 
     @property
     def unsteady(self) -> bool:
         """True when the repeats, or the ranks of a run, disagree by more than ``SPREAD_WARNING``."""
         return any(v is not None and v > SPREAD_WARNING for v in (self.spread, self.rank_spread))
+
+    @property
+    def too_short(self) -> bool:
+        """True when a good repeat's timed part lasted under ``SHORT_RUN_S``: its speed is not trusted."""
+        return self.timed_seconds is not None and self.timed_seconds < SHORT_RUN_S
 
     @property
     def status(self) -> str:
@@ -282,6 +300,7 @@ class Row:
         body = asdict(self)
         body["status"] = self.status
         body["unsteady"] = self.unsteady
+        body["too_short"] = self.too_short
         return body
 
 
@@ -325,6 +344,9 @@ def summarize(measurements: list[Measurement], startup: dict[int, float] | None 
                 row.net_wall_seconds = statistics.median(net)
         if not rates and len(walls) > 1:
             row.spread = (max(walls) - min(walls)) / statistics.median(walls)
+        # without reports, the timed part is what the speedup compares: wall time (net when measured)
+        timed = [m.seconds for m in good if m.seconds is not None] if rates else walls
+        row.timed_seconds = min(timed) if timed else None
     base = rows.get((BASELINE, 1))
     for row in rows.values():
         if base is None:
