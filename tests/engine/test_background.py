@@ -139,7 +139,8 @@ def test_single_process_needs_no_launcher_or_network():
         [sys.executable, "-c", _ALONE], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    # the last line: some torch releases' gloo prints its own connection line on stdout first (2.10)
+    assert result.stdout.strip().splitlines()[-1:] == ["ok"], result.stdout
 
 
 @pytest.mark.slow
