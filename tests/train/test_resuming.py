@@ -40,6 +40,8 @@ def test_another_seed_is_refused_naming_both_values_and_the_way_out():
     assert message.startswith("snap.pt was written with other settings")
     assert "--seed 0 (the snapshot's run: --seed 5" in message
     assert "HINT: resume with --seed 5, or start a new run in another --snapshot-dir" in message
+    # a command-line message names flags, never the Python API's fields
+    assert "TrainerConfig" not in message
 
 
 def test_another_optimizer_is_refused_by_its_flag_name():
@@ -91,6 +93,9 @@ def test_hyperparameters_are_the_plain_settings_of_each_group():
     assert not same(0.1, 0.2)
     assert not same(True, 1)
     assert change("weight_decay", 0.0, 0.01) == "--weight-decay 0 -> 0.01"
+    # a flag that was left out is shown as unset, not as Python's None
+    assert change("max_steps_per_epoch", None, 10) == "--max-steps-per-epoch (unset) -> 10"
+    assert change("max_steps_per_epoch", 10, None) == "--max-steps-per-epoch 10 -> (unset)"
 
 
 def test_scaled_lr_factor():

@@ -69,7 +69,9 @@ def same(a: Any, b: Any) -> bool:
 
 
 def show(value: Any) -> str:
-    """A setting as a flag would take it."""
+    """A setting as a flag would take it (a flag left out, a None of the config, is "unset")."""
+    if value is None:
+        return "(unset)"
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple | list):
@@ -112,7 +114,7 @@ def refusal(path: Any, body: Mapping[str, Any], seed: int, optimizer_class: str 
         return None
     return (f"{path} was written with other settings, which a resumed run cannot change: "
             + "; ".join(problems) + f". HINT: resume with {' '.join(keep)}, or start a new run in another "
-            "--snapshot-dir (TrainerConfig.snapshot_dir).")
+            "--snapshot-dir.")
 
 
 def finished(body: Mapping[str, Any], epochs: int) -> bool:
