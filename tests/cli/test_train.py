@@ -46,9 +46,12 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["-np", "0"], "-np 0"),
     (["-np", "2", "--subset", "0"], "--subset 0"),
     (["--lr", "-1"], "--lr -1"),
-    (["--warmup-epochs", "2"], "scale_lr"),
-    (["--batches-per-allreduce", "0"], "batches_per_allreduce=0"),
-    (["--keep-last", "0"], "keep_last=0"),
+    (["--warmup-epochs", "2"], "without --scale-lr: "),
+    (["--batches-per-allreduce", "0"], "--batches-per-allreduce 0 must be"),
+    (["--keep-last", "0"], "--keep-last 0 must be"),
+    # the command line's words, not the Python API's (epochs=3)
+    (["--epochs", "-1"], "--epochs -1 must be a whole number of at least 1. HINT: use e.g. --epochs 3."),
+    (["--max-steps-per-epoch", "0"], "or no --max-steps-per-epoch for whole epochs"),
     (["--like", "cifar10"], "--like cifar10 shapes synthetic images"),
     (["--max-restarts", "-1"], "--max-restarts -1"),
     (["--max-restarts", "2", "--no-resume"], "--no-resume with --max-restarts"),
@@ -59,6 +62,24 @@ def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert message in err
     assert "HINT" in err
     assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "=" not in err.partition("HINT")[0].split(":", 2)[-1], f"an API field in a CLI message: {err}"
+
+
+def test_config_messages_are_told_in_flags() -> None:
+    from ringtrain.cli.train import as_flags
+
+    flags = frozenset({"--epochs", "--scale-lr", "--snapshot-dir", "--threads"})
+    assert as_flags("epochs=-1 must be. HINT: use e.g. epochs=3.", flags) == \
+        "--epochs -1 must be. HINT: use e.g. --epochs 3."
+    assert as_flags("no effect without scale_lr=True: set scale_lr=True, or", flags) == \
+        "no effect without --scale-lr: set --scale-lr, or"
+    assert as_flags("HINT: pass snapshot_dir='snapshots' (any folder).", flags) == \
+        "HINT: pass --snapshot-dir snapshots (any folder)."
+    assert as_flags("threads=0 must be at least 1 or None. HINT: or threads=None to", flags) == \
+        "--threads 0 must be at least 1, or left out. HINT: or no --threads to"
+    # a field without a flag of its name stays as the API writes it
+    assert as_flags("num_workers=-1 must be 0 or more", flags) == "num_workers=-1 must be 0 or more"
 
 
 def test_unknown_workload_is_a_usage_error(capsys):

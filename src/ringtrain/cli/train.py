@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -116,7 +117,34 @@ def register(subparsers: Any) -> None:
                                  "as in ringtrain run)")
     add_node_arguments(nodes, os.environ)
     record_sources(p)
-    p.set_defaults(func=run_train)
+    # the long flags, so that a TrainerConfig error can be told in the flags' own words
+    flags = frozenset(o for action in p._actions for o in action.option_strings if o.startswith("--"))
+    p.set_defaults(func=run_train, train_flags=flags)
+
+
+#: A ``field=value`` of TrainerConfig's messages: a field name, then a quoted or a plain value.
+_FIELD_VALUE = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)]+?)(?=[\s,;:)]|\.(?:\s|$)|$)")
+
+
+def as_flags(message: str, flags: frozenset[str]) -> str:
+    """``epochs=3`` in a TrainerConfig message as the command line writes it, ``--epochs 3``.
+
+    The Python API's messages name its fields; a user of ``ringtrain train`` typed flags. Fields with
+    no flag of the same name are left as they are.
+    """
+    def flag_form(match: re.Match[str]) -> str:
+        flag, value = "--" + match[1].replace("_", "-"), match[2].strip("'")
+        if flag not in flags:
+            return match[0]
+        if value == "True":
+            return flag
+        if value in ("None", "False"):
+            return f"no {flag}"
+        return f"{flag} {value}"
+
+    told = _FIELD_VALUE.sub(flag_form, message)
+    # "a whole number ... or None": None is the API's way of leaving a flag out
+    return told.replace(" or None.", ", or left out.") if told != message else told
 
 
 def node_launch(args: argparse.Namespace) -> dict[str, Any]:
@@ -229,5 +257,5 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         # TrainerConfig / TrainJob validation (raised before any rank starts)
         if "HINT:" in str(exc):
-            raise UsageError(str(exc)) from None
+            raise UsageError(as_flags(str(exc), args.train_flags)) from None
         raise
