@@ -225,7 +225,7 @@ def test_ringtrain_run_ray_through_a_ray_client_address(netns_hosts: NamespaceHo
     refused = netns_hosts.run("hostA", argv, cwd=tmp_path, env={
         "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": auth["RAY_AUTH_TOKEN"],
         "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1"})
-    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.returncode == 2, refused.stdout + refused.stderr  # nothing started
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1, refused.stderr  # one line, no traceback, not Ray's own warning
     assert lines[0].startswith("ringtrain run: error: the Ray Client server at ray://"), refused.stderr

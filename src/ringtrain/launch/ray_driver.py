@@ -104,7 +104,8 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
             f"no Ray cluster {where}: {str(exc).strip().rstrip('.')}. HINT: start one with `ray start "
             "--head`, or give its address: --ray HOST:PORT (or RAY_ADDRESS).")
         print(f"ringtrain run: error: {text}", file=sys.stderr, flush=True)
-        return 1
+        # nothing started: the cluster (or its address or token) is for the user to fix, as a bad flag is
+        return 2
     if config.elastic:
         from ringtrain.launch.ray_elastic import launch_elastic_on_ray
 
