@@ -286,7 +286,24 @@ def test_unknown_options_exit_2_with_a_hint(argv: list[str], message: str,
     err = capsys.readouterr().err
     assert f"ringtrain script {argv[0]}: error: " in err
     assert message in err
-    assert f"HINT: `ringtrain script {argv[0]} --help` lists the options." in err
+    assert "HINT: " in err
+    assert f"`ringtrain script {argv[0]} --help` lists the options." in err
+
+
+@pytest.mark.parametrize(("argv", "example"), [
+    (["slurm", "--", "x"], "HINT: add e.g. `--nodes 2 --nproc-per-node 2`."),
+    (["pbs", "--nodes", "2", "--", "x"], "HINT: add e.g. `--nproc-per-node 2`."),
+    (["kubernetes", "--nodes", "2", "--", "x"],
+     "HINT: add e.g. `--kind trainjob --nproc-per-node 2 --image IMAGE`."),
+])
+def test_a_missing_required_option_is_shown_with_an_example(argv: list[str], example: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["script", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert example in err
 
 
 @pytest.mark.parametrize("argv", [["sge", "--nodes", "1", "--procs-per-node", "1", "--", "x"], []])

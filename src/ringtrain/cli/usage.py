@@ -122,4 +122,23 @@ class HelpfulParser(argparse.ArgumentParser):
             if missing:
                 name, choices = missing[0].metavar or missing[0].dest, map(str, missing[0].choices)
                 return f"give the {name}, one of {', '.join(choices)}. {help_pointer(self)}"
+            options = [a for a in self._actions if a.option_strings
+                       and "/".join(a.option_strings) in match.group(1).split(", ")]
+            if options:
+                example = " ".join(f"{_long_name(a)} {_example_value(a)}" for a in options)
+                return f"add e.g. `{example}`. {help_pointer(self)}"
         return help_pointer(self)
+
+
+def _long_name(action: argparse.Action) -> str:
+    """The spelling a user reads first: the first long flag, else the first one."""
+    return next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+
+
+def _example_value(action: argparse.Action) -> str:
+    """A value to show for a required option: its first choice, a small count, or its metavar."""
+    if action.choices:
+        return str(next(iter(action.choices)))
+    if action.type is int:
+        return "2"
+    return str(action.metavar or action.dest).upper()
