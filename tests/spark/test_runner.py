@@ -145,3 +145,46 @@ def test_more_ranks_than_task_slots_fail_after_the_start_timeout_naming_both(spa
                                            r"\(after waiting start_timeout=2 s\)"):
         ringtrain.spark.run(lambda: 0, num_proc=3, start_timeout=2, stderr=io.StringIO())
     assert time.monotonic() - started < 60  # the timeout, not Spark's ten minutes of barrier retries
+
+
+def _python_without_ringtrain() -> str | None:
+    """An interpreter of this machine that cannot import ringtrain (the system's python3), or None."""
+    import shutil
+    import subprocess
+
+    for name in ("/usr/bin/python3", shutil.which("python3", path="/usr/bin:/bin")):
+        if name and os.access(name, os.X_OK) and os.path.realpath(name) != os.path.realpath(sys.executable):
+            probe = subprocess.run([name, "-c", "import ringtrain"], capture_output=True,
+                                   env={"PATH": "/usr/bin:/bin"}, timeout=60)
+            if probe.returncode != 0:
+                return name
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_executors_whose_python_lacks_ringtrain_are_named_in_one_line(spark: Any) -> None:
+    from ringtrain.spark import ExecutorPythonError
+
+    other = _python_without_ringtrain()
+    if other is None:
+        pytest.skip("no interpreter without ringtrain on this machine")
+    sc = spark.sparkContext
+    # as a driver whose PYSPARK_PYTHON was unset gets: the context starts its tasks with another Python
+    before, sc.pythonExec = sc.pythonExec, other
+    try:
+        def never_runs() -> int:
+            raise AssertionError("no rank may start")
+
+        with pytest.raises(ExecutorPythonError) as info:
+            ringtrain.spark.run(never_runs, num_proc=2, start_timeout=60, verbose=0)
+    finally:
+        sc.pythonExec = before
+    text = str(info.value)
+    assert len(text.splitlines()) == 1, text
+    assert f"the Spark executors' Python ({other}) cannot import ringtrain (ModuleNotFoundError" in text
+    assert f"HINT: set PYSPARK_PYTHON={sys.executable}" in text
+    assert "Py4J" not in text
+    assert "at org.apache" not in text
+    # the context still works with the right Python
+    assert ringtrain.spark.run(lambda: 7, num_proc=1, verbose=0) == [7]

@@ -32,7 +32,13 @@ if not (_java_home and _os.access(_os.path.join(_java_home, "bin", "java"), _os.
                       f"JAVA_HOME={_java_home or 'unset'}). HINT: apt-get install default-jre-headless "
                       "(Java 17+), or set JAVA_HOME to a JDK/JRE folder.")
 
-from ringtrain.spark.runner import ExecutorLostError, RankFailedError, run, task_slots  # noqa: E402
+from ringtrain.spark.runner import (  # noqa: E402
+    ExecutorLostError,
+    ExecutorPythonError,
+    RankFailedError,
+    run,
+    task_slots,
+)
 
 
 def run_elastic(*args: Any, **kwargs: Any) -> Any:
@@ -43,4 +49,4 @@ def run_elastic(*args: Any, **kwargs: Any) -> Any:
         "or `ringtrain run --min-np N --max-np M` on a host list for an elastic one (docs/elastic.md).")
 
 
-__all__ = ["ExecutorLostError", "RankFailedError", "run", "run_elastic", "task_slots"]
+__all__ = ["ExecutorLostError", "ExecutorPythonError", "RankFailedError", "run", "run_elastic", "task_slots"]

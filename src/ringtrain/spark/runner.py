@@ -2,7 +2,8 @@
 
 What ``run()`` does, in order: find the active SparkContext; wait (up to ``start_timeout``) until the
 cluster has ``num_proc`` task slots, since a barrier stage runs all its tasks at once or not at all;
-host the job store here in the driver under a fresh secret; run one barrier stage of ``num_proc``
+check with one small task that the executors' Python imports ringtrain; host the job store here in the
+driver under a fresh secret; run one barrier stage of ``num_proc``
 tasks (:class:`~ringtrain.spark.task.RankTask`, with the secret inside the pickled task, never in a
 command line or the Spark UI), and watch it from this thread while another one waits for Spark.
 
@@ -51,6 +52,10 @@ class RankFailedError(RuntimeError):
     """A rank's function raised, or the rank's process ended without a result."""
 
 
+class ExecutorPythonError(RuntimeError):
+    """The executors' Python cannot import ringtrain, so no rank could start there."""
+
+
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
         num_proc: int | None = None, start_timeout: float | None = None, env: Mapping[str, str] | None = None,
         stdout: IO[str] | None = None, stderr: IO[str] | None = None, verbose: int = 1) -> list[Any]:
@@ -75,6 +80,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
     timeout_s = settings["start_timeout"]
     out, err = stdout or sys.stdout, stderr or sys.stderr
     _wait_for_slots(sc, size, timeout_s)
+    check_executor_python(sc)
     secret = auth.new_secret()
     server = _store_server(sc, secret)
     job = f"ringtrain-spark-{uuid.uuid4().hex[:12]}"
@@ -127,6 +133,51 @@ def _checked(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any,
     if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
         raise ValueError(f"verbose={verbose!r} must be 0, 1 or 2.")
     return {"num_proc": num_proc, "start_timeout": float(start_timeout)}
+
+
+def _import_probe() -> Callable[[Any], tuple[str, str]]:
+    """A task that reports its interpreter and whether it imports ringtrain.
+
+    Made in a function so that cloudpickle sends it by value: a task that named this module would fail
+    to unpickle on exactly the executors this is meant to diagnose.
+    """
+    def probe(_: Any) -> tuple[str, str]:
+        import sys as executor_sys
+
+        try:
+            import ringtrain  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - whatever stops the import is the answer
+            return executor_sys.executable, f"{type(exc).__name__}: {exc}"
+        return executor_sys.executable, ""
+
+    return probe
+
+
+def check_executor_python(sc: Any) -> None:
+    """Before the barrier stage: one small task checks that the executors' Python imports ringtrain.
+
+    Without it, an executor started with another interpreter than the driver's (PySpark's default is
+    ``python3`` from PATH when ``PYSPARK_PYTHON`` is unset, not the driver's virtualenv) fails every rank
+    on unpickling, inside dozens of lines of Java stack trace.
+    """
+    executable, problem = "", ""
+    try:
+        executable, problem = sc.parallelize([0], 1).map(_import_probe()).collect()[0]
+    except Exception as exc:  # noqa: BLE001 - Spark wraps a worker that cannot start in a Java error
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        cause = next((line for line in lines if "Error" in line and not line.startswith("at ")), lines[0]
+                     if lines else type(exc).__name__)
+        problem = cause[:300]
+    if not problem:
+        return
+    started = getattr(sc, "pythonExec", None) or "python3"  # what the SparkContext starts tasks with
+    chosen = os.environ.get("PYSPARK_PYTHON")
+    source = f"PYSPARK_PYTHON={chosen}" if chosen else "PYSPARK_PYTHON is unset"
+    raise ExecutorPythonError(
+        f"the Spark executors' Python ({executable or started}) cannot import ringtrain ({problem}); the "
+        f"SparkContext starts tasks with `{started}` ({source}). HINT: set PYSPARK_PYTHON={sys.executable} "
+        "(this driver's Python) before creating the SparkSession, or pip install ringtrain (and torch) "
+        "into the executors' Python.")
 
 
 def task_slots(sc: Any) -> int | None:
