@@ -48,7 +48,8 @@ def test_the_readme_needs_two_commands_on_a_fresh_machine() -> None:
     # scaling.png with matplotlib) and without the test tools, then trains
     train_steps = _steps(train)
     assert train_steps[0] == "python3 -m venv .venv"
-    installs = [s for s in train_steps if s.startswith("pip install") and not s.startswith("pip install torch")]
+    installs = [s for s in train_steps
+                if s.startswith("pip install") and not s.startswith("pip install torch")]
     assert installs == ["pip install -e '.[plot]'"], f"install ringtrain with [plot] alone, not {installs}"
     assert not [s for s in train_steps if "test" in s], "users do not need the test extras"
     assert train_steps[-1] == "ringtrain train mnist -np 2"
