@@ -243,3 +243,83 @@ def test_a_silent_script_is_timed_by_wall_time_minus_its_start_up(tmp_path):
     assert rows[2]["speedup_from"] == "wall time minus start-up"
     assert "WALL TIME MINUS A MEASURED START-UP" in result.stdout
     assert "wall - start-up" in result.stdout
+
+
+def _finished_sweep(folder: Path) -> Path:
+    from ringtrain.bench.analysis import annotate
+    from ringtrain.bench.outputs import write_json
+    from tests.bench.helpers import sample_body
+
+    body = sample_body()
+    annotate(body)
+    write_json(body, folder / "scaling.json")
+    return folder
+
+
+def test_replot_redraws_the_plot_and_reprints_the_table_without_running_anything(tmp_path, capsys,
+                                                                                  monkeypatch):
+    pytest.importorskip("matplotlib")
+    import ringtrain.bench.sweep
+
+    monkeypatch.setattr(ringtrain.bench.sweep, "run_sweep", lambda *a, **k: pytest.fail("a sweep ran"))
+    folder = _finished_sweep(tmp_path)
+    assert main(["bench", "--replot", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "processes  strategy" in out
+    assert out.rstrip().endswith(f"wrote {folder / 'scaling.png'}")
+    assert (folder / "scaling.png").read_bytes().startswith(PNG)
+    assert sorted(p.name for p in folder.iterdir()) == ["scaling.json", "scaling.png"]
+
+
+def test_replot_without_matplotlib_names_the_install_command(tmp_path, capsys, monkeypatch):
+    from ringtrain.bench import plot
+
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    assert main(["bench", "--replot", str(_finished_sweep(tmp_path))]) == 1
+    captured = capsys.readouterr()
+    assert "processes  strategy" in captured.out  # the table still comes
+    assert ("ringtrain bench: scaling.png not written: matplotlib is not installed. HINT: pip install "
+            "'ringtrain[plot]'") in captured.err
+    assert not (tmp_path / "scaling.png").exists()
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no scaling.json in that folder"),
+    ("{oops", "is not valid JSON"),
+    ('{"schema": "ringtrain.bench/1", "rows": [{"strategy": "single", "np": 1, "status": "ok"}], '
+     '"settings": {"workload": "mnist"}}', "cannot be drawn or tabulated"),
+])
+def test_replot_of_a_bad_folder_exits_2_with_one_line_naming_the_path_and_the_fix(tmp_path, capsys, content,
+                                                                                  message):
+    if content is not None:
+        (tmp_path / "scaling.json").write_text(content)
+    assert main(["bench", "--replot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert str(tmp_path) in err
+    assert "HINT" in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_replot_takes_no_workload(tmp_path, capsys):
+    assert main(["bench", "mnist", "--replot", str(tmp_path)]) == 2
+    assert "HINT: run ringtrain bench --replot" in capsys.readouterr().err
+
+
+def test_a_folder_holding_an_earlier_sweep_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import ringtrain.bench.sweep
+
+    monkeypatch.setattr(ringtrain.bench.sweep, "run_sweep", lambda *a, **k: pytest.fail("a sweep ran"))
+    folder = _finished_sweep(tmp_path)
+    assert main(["bench", "mnist", "--np", "1,2", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {folder} holds an earlier sweep (scaling.json)" in err
+    assert "--overwrite" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (folder / "scaling.json").is_file()
+
+
+def test_overwrite_reaches_the_sweep(monkeypatch):
+    assert _settings_of(monkeypatch, "mnist", "--overwrite").overwrite
+    assert not _settings_of(monkeypatch, "mnist").overwrite

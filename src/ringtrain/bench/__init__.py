@@ -6,6 +6,8 @@ interleaved and repeated, against a single-process baseline; see docs/bench.md. 
 - ``plan``: the checked settings and the ordered runs; ``sweep``: running them and writing outputs;
 - ``worker`` / ``link``: what runs inside a built-in run / the link probe;
 - ``records``: measurements and table rows; ``outputs``: table, JSON, CSV; ``plot``: scaling.png;
+- ``folder``: the output folder (an earlier sweep refused or, with ``--overwrite``, cleared; a result
+  read back for ``--replot``);
 - ``machine``: what it ran on; ``model`` / ``analysis``: the cost model, validation and projection;
 - ``hook``: :func:`report`, the one call (or printed line) a user script uses to give its items/s
   (and :func:`parameters_digest`, for the check that its replicas agree); it prints only in the runs

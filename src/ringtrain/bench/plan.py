@@ -153,6 +153,8 @@ class BenchSettings:
     interconnects: tuple[Any, ...] = ()
     """Extra ``model.Interconnect`` entries for the projection."""
     seed: int = 0
+    overwrite: bool = False
+    """Replace an earlier sweep's files in ``out`` (only those) instead of refusing the folder."""
     extra_env: dict[str, str] = field(default_factory=dict)
     argv: tuple[str, ...] = ()
     """The command line as given (for scaling.json)."""

@@ -26,8 +26,9 @@ One-off costs inside the timed part (a first collective's connection set-up, laz
 first steps, a scheduler pause, another process taking a core, the clock settling after idle) last tens
 to hundreds of milliseconds, and hit one run but not the next. Under 2 s, one 100 ms event moves a run's
 items/s by over 5 %, so repeats of short runs disagree by more than a scaling table can say: one epoch
-of examples/horovod_mnist.py on two cores (about a second a run) read efficiency 0.42 in one sweep and
-1.87 in the next. Past 2 s such events fall to a few percent, within what ``--repeats 3`` shows."""
+of examples/horovod_mnist.py (1.5 s a run at one process on two cores, less on a faster machine) read
+efficiency 0.42 in one sweep and 1.87 in the next. Past 2 s such events fall to a few percent, within
+what ``--repeats 3`` shows."""
 
 
 @dataclass

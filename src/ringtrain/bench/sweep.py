@@ -356,29 +356,39 @@ def write_outputs(body: dict[str, Any], out: Path) -> list[str]:
     return notes
 
 
-def run_bench(settings: BenchSettings, progress: bool = True) -> int:
-    """The whole command: sweep, model, outputs, table; 0 when every run succeeded, else 1."""
-    from ringtrain.bench.analysis import annotate
+def results_text(body: dict[str, Any]) -> str:
+    """What the command prints after a sweep (and ``--replot``): the table, then the projection and
+    the model's validation when the sweep asked for them (its settings in ``body``)."""
     from ringtrain.bench.outputs import projection_text, table_text, validation_text
 
-    body = run_sweep(settings, progress=progress)
-    annotate(body, settings.interconnects, project=settings.project, validate=settings.validate)
-    notes = write_outputs(body, settings.out)
-    print()
-    print(table_text(body), end="")
-    projection = projection_text(body) if settings.project else ""
+    settings = body.get("settings", {})
+    parts = ["\n", table_text(body)]
+    projection = projection_text(body) if settings.get("project") else ""
     if projection:
-        print()
-        print(projection, end="")
-    validation = validation_text([{**v, "workload": settings.workload or "script"}
+        parts += ["\n", projection]
+    validation = validation_text([{**v, "workload": settings.get("workload") or "script"}
                                   for v in body.get("validation", [])])
-    if settings.validate and not validation:
+    if settings.get("validate") and not validation:
         validation = ("MODEL VALIDATION: none (the model needs a measured link and a row with a "
                       "measured efficiency: the link probe on, more than one process count)\n")
     if validation:
-        print()
-        print(validation, end="")
-    print()
+        parts += ["\n", validation]
+    return "".join(parts) + "\n"
+
+
+def run_bench(settings: BenchSettings, progress: bool = True) -> int:
+    """The whole command: sweep, model, outputs, table; 0 when every run succeeded, else 1.
+
+    A ``settings.out`` holding an earlier sweep is refused (UsageError) unless ``settings.overwrite``,
+    before anything runs (:func:`ringtrain.bench.folder.prepare_out`)."""
+    from ringtrain.bench.analysis import annotate
+    from ringtrain.bench.folder import prepare_out
+
+    say(prepare_out(settings.out, settings.overwrite) or "")
+    body = run_sweep(settings, progress=progress)
+    annotate(body, settings.interconnects, project=settings.project, validate=settings.validate)
+    notes = write_outputs(body, settings.out)
+    print(results_text(body), end="")
     written = ["scaling.json", "scaling.csv"] + ([] if notes else ["scaling.png"])
     print(f"wrote {', '.join(str(settings.out / name) for name in written)}")
     for note in notes:
@@ -393,4 +403,26 @@ def run_bench(settings: BenchSettings, progress: bool = True) -> int:
         print(f"ringtrain bench: {len(failed)} of {len(body['runs'])} run(s) failed, the other rows are "
               f"kept: {names}{more}", file=sys.stderr)
         return 1
+    return 0
+
+
+def replot(folder: Path) -> int:
+    """``--replot``: redraw ``folder/scaling.png`` from its ``scaling.json`` and print the table again,
+    running nothing; 0 when the plot was written, 1 when it could not be (the message says why)."""
+    from ringtrain.bench.folder import load_result
+    from ringtrain.bench.plot import write_plot
+
+    body = load_result(folder)
+    try:
+        text = results_text(body)
+        print(text, end="")
+        why_not = write_plot(body, folder / "scaling.png")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a hand-edited file: say what is off
+        raise UsageError(f"--replot: {folder / 'scaling.json'} cannot be drawn or tabulated (a value is "
+                         f"missing or wrong: {exc!r}). HINT: run the sweep again into that folder "
+                         f"(ringtrain bench ... --out {folder} --overwrite).") from None
+    if why_not:
+        print(f"ringtrain bench: {why_not}", file=sys.stderr)
+        return 1
+    print(f"wrote {folder / 'scaling.png'}")
     return 0

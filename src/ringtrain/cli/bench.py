@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
                "--strategies horovod,horovod-fp16,ddp,ddp-fp16\n"
                "           ringtrain bench --np 1,2 -- python examples/horovod_mnist.py --epochs 2\n"
                "           ringtrain bench mnist --np 1,2 --project --validate   # with the cost model\n"
-               "           ringtrain bench --validate results/1gbit results/100mbit",
+               "           ringtrain bench --validate results/1gbit results/100mbit\n"
+               "           ringtrain bench --replot bench-results/mnist   # redraw scaling.png, no runs",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="*", metavar="WORKLOAD | -- COMMAND ...",
                    help="a built-in workload (mnist, fashion-mnist, cifar10, movielens, synthetic, "
@@ -70,7 +71,14 @@ def register(subparsers: Any) -> None:
     hosts.add_argument("--network-interfaces", metavar="NIC,...", help="network interfaces for the ranks")
     hosts.add_argument("--start-timeout", type=_float, help="seconds allowed for reaching hosts and starting")
     out = p.add_argument_group("output and model")
-    out.add_argument("--out", help="output folder (bench-results/WORKLOAD)")
+    out.add_argument("--out", help="output folder (bench-results/WORKLOAD, or bench-results/SCRIPT for a "
+                                   "script); one holding an earlier sweep is refused, see --overwrite")
+    out.add_argument("--overwrite", action="store_true",
+                     help="reuse an --out folder that holds an earlier sweep: remove its scaling.* files "
+                          "and logs/ run logs first (nothing else in the folder)")
+    out.add_argument("--replot", metavar="DIR",
+                     help="instead of a sweep, redraw DIR/scaling.png from DIR/scaling.json and print its "
+                          "table again")
     out.add_argument("--timeout", type=_float, default=1800.0,
                      help="seconds one run may take before it is stopped and marked failed (1800)")
     out.add_argument("--project", action="store_true",
@@ -138,6 +146,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from ringtrain.bench.plan import BenchSettings, parse_np, parse_strategies
     from ringtrain.workloads.registry import WORKLOADS
 
+    if args.replot is not None:
+        return _replot(args)
     if args.validate:
         return _validate(args)
     validate = args.validate is not None  # --validate alone: the model beside this sweep's rows
@@ -170,11 +180,22 @@ def run_bench(args: argparse.Namespace) -> int:
         hosts=_hosts(args), launcher_options=_launcher_options(args),
         out=Path(args.out or f"bench-results/{name}"), timeout_s=args.timeout, link_probe=args.link_probe,
         project=args.project, validate=validate,
-        link_note=args.link_note, interconnects=interconnects, seed=args.seed,
+        link_note=args.link_note, interconnects=interconnects, seed=args.seed, overwrite=args.overwrite,
         argv=tuple(sys.argv))
     from ringtrain.bench.sweep import run_bench as sweep
 
     return sweep(settings, progress=args.progress)
+
+
+def _replot(args: argparse.Namespace) -> int:
+    """``--replot DIR``: the plot and table of a finished sweep again, nothing run."""
+    from ringtrain.bench.sweep import replot
+
+    if args.target or args.validate is not None:
+        extra = " ".join(args.target) if args.target else "--validate"
+        raise UsageError(f"--replot {args.replot} redraws a finished sweep and runs nothing, so {extra!r} "
+                         f"has no use with it. HINT: run ringtrain bench --replot {args.replot} alone.")
+    return replot(Path(args.replot))
 
 
 def _validate(args: argparse.Namespace) -> int:
