@@ -78,6 +78,9 @@ def test_config_messages_are_told_in_flags() -> None:
         "HINT: pass --snapshot-dir snapshots (any folder)."
     assert as_flags("threads=0 must be at least 1 or None. HINT: or threads=None to", flags) == \
         "--threads 0 must be at least 1, or left out. HINT: or no --threads to"
+    # a hint that named the flag in brackets names it once
+    assert as_flags("HINT: pass strategy='horovod' (--strategy horovod).", flags | {"--strategy"}) == \
+        "HINT: pass --strategy horovod."
     # a field without a flag of its name stays as the API writes it
     assert as_flags("num_workers=-1 must be 0 or more", flags) == "num_workers=-1 must be 0 or more"
 

@@ -126,6 +126,10 @@ def register(subparsers: Any) -> None:
 _FIELD_VALUE = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)]+?)(?=[\s,;:)]|\.(?:\s|$)|$)")
 
 
+#: Settings the command line makes from other flags, in the words of those flags.
+_CLI_WORDS = {"elastic=True": "an elastic job (--min-np, --max-np or --host-discovery-script)"}
+
+
 def as_flags(message: str, flags: frozenset[str]) -> str:
     """``epochs=3`` in a TrainerConfig message as the command line writes it, ``--epochs 3``.
 
@@ -143,6 +147,10 @@ def as_flags(message: str, flags: frozenset[str]) -> str:
         return f"{flag} {value}"
 
     told = _FIELD_VALUE.sub(flag_form, message)
+    for field, words in _CLI_WORDS.items():
+        told = told.replace(field, words)
+    # a message that already gave the flag in brackets now says it twice: "--x 1 (--x 1)"
+    told = re.sub(r"(--[a-z0-9-]+(?: \S+)?) \(\1\)", r"\1", told)
     # "a whole number ... or None": None is the API's way of leaving a flag out
     return told.replace(" or None.", ", or left out.") if told != message else told
 
