@@ -7,8 +7,8 @@ subset (a few steps per rank) and tests on the 2,000 test images, then every ran
     mnist rank R of N local L host H accuracy A digest D
 
 A is the test accuracy averaged over the ranks (the same on every rank) and D the hash of the rank's
-trained parameters: ranks of both nodes that trained together print the same A and D. The example's
-own ``RINGTRAIN_BENCH`` line per rank and epoch comes before it.
+trained parameters: ranks of both nodes that trained together print the same A and D. Under
+``ringtrain bench`` the example's own ``RINGTRAIN_BENCH`` line per rank and epoch comes before it.
 """
 
 from __future__ import annotations
