@@ -35,7 +35,8 @@ def test_elastic_commits_may_come_without_snapshots():
 
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--min-np", "1", "--strategy", "ddp"],
-     "an elastic job (--min-np, --max-np or --host-discovery-script) needs --strategy horovod, not 'ddp'"),
+     "an elastic job (--min-np, --max-np or --host-discovery-script) needs --strategy horovod, not "
+     "--strategy ddp"),
     (["-np", "3", "--min-np", "1", "--max-np", "2"], "-np 3 lies outside --min-np 1 .. --max-np 2"),
     (["--min-np", "2", "--max-np", "1"], "is not a range of worker counts"),
 ])

@@ -29,8 +29,8 @@ QUICK = TrainerConfig(epochs=1, batch_size=32, progress=False, threads=1, seed=3
     ({"optimizer": "lbfgs"}, "--optimizer 'lbfgs' is not known. HINT: use one of ['sgd', 'adam', 'adamw']"),
     ({"lr": 0.0}, "--lr 0.0 must be a positive number. HINT:"),
     ({"lr": math.inf}, "--lr inf must be a positive number"),
-    ({"momentum": -0.1}, "--momentum -0.1 must be >= 0. HINT:"),
-    ({"weight_decay": math.nan}, "--weight-decay nan must be >= 0"),
+    ({"momentum": -0.1}, "--momentum -0.1 must be a number >= 0. HINT: use e.g. --momentum 0.9"),
+    ({"weight_decay": math.nan}, "--weight-decay nan must be a number >= 0"),
     ({"data_dir": "no/such/folder"}, "--data-dir no/such/folder is not a folder. HINT:"),
 ])
 def test_bad_input_is_a_job_error_that_names_the_value(fields, needle):

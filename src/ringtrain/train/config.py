@@ -118,9 +118,9 @@ class TrainerConfig:
             raise ValueError(f"elastic={self.elastic!r} must be True, False or None (auto). HINT: use "
                              "elastic=True.")
         if self.elastic and self.strategy != "horovod":
-            raise ValueError(f"elastic=True needs strategy='horovod', not {self.strategy!r}: torch's process "
-                             "groups do not re-form in process. HINT: pass strategy='horovod' "
-                             "(--strategy horovod).")
+            raise ValueError(f"elastic=True needs strategy='horovod', not strategy={self.strategy!r}: "
+                             "torch's process groups do not re-form in process. HINT: pass "
+                             "strategy='horovod' (--strategy horovod).")
         from ringtrain.train.preemption import parse_signals
 
         if not isinstance(self.signals_to_handle, str):

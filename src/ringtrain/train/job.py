@@ -97,8 +97,11 @@ class TrainJob:
         if self.elastic:
             low, high = self.min_np or 1, self.max_np
             if self.min_np is not None and self.min_np < 1 or high is not None and high < low:
-                raise JobError(f"--min-np {self.min_np} / --max-np {self.max_np} is not a range of worker "
-                               "counts with 1 <= MIN <= MAX. HINT: write e.g. --min-np 1 --max-np 4.")
+                # only the flags that were given: a left-out one has no value to show (not None)
+                given = " / ".join(f"--{name.replace('_', '-')} {value}" for name, value in
+                                   (("min_np", self.min_np), ("max_np", high)) if value is not None)
+                raise JobError(f"{given} is not a range of worker counts with 1 <= MIN <= MAX. HINT: write "
+                               "e.g. --min-np 1 --max-np 4.")
             if self.nproc < low or (high is not None and self.nproc > high):
                 raise JobError(f"-np {self.nproc} lies outside --min-np {low} .. --max-np "
                                f"{high if high is not None else 'unbounded'}. HINT: start with a number of "
@@ -122,10 +125,12 @@ class TrainJob:
                            f"HINT: use one of {list(OPTIMIZERS)}.")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise JobError(f"--lr {self.lr} must be a positive number. HINT: use e.g. --lr 0.001.")
-        for name in ("momentum", "weight_decay"):
+        for name, example in (("momentum", "0.9"), ("weight_decay", "0.0001")):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
-                raise JobError(f"--{name.replace('_', '-')} {value} must be >= 0. HINT: use e.g. 0.9 or 0.")
+                flag = f"--{name.replace('_', '-')}"
+                raise JobError(f"{flag} {value:g} must be a number >= 0. HINT: use e.g. {flag} {example}, or "
+                               f"{flag} 0 for none.")
         if self.like is not None and self.workload != "synthetic":
             raise JobError(f"--like {self.like} shapes synthetic images; workload {self.workload!r} has data "
                            f"of its own. HINT: use ringtrain train synthetic --like {self.like}, "

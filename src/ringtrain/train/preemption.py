@@ -57,8 +57,11 @@ def parse_signals(text: str | Iterable[str]) -> tuple[signal.Signals, ...]:
         full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
         sig = getattr(signal.Signals, full, None)
         if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"signals_to_handle: {name!r} is not a signal that can be handled. HINT: use "
-                             f"names such as {DEFAULT_SIGNALS!r} (comma-separated), or '' for none.")
+            # field=value, as TrainerConfig's other messages: ringtrain train tells it as its flag
+            given = text if isinstance(text, str) else ",".join(names)
+            raise ValueError(f"signals_to_handle={given!r}: {name!r} is not a signal that can be "
+                             f"handled. HINT: use names such as {DEFAULT_SIGNALS!r} (comma-separated), or '' "
+                             "for none.")
         found.append(sig)
     return tuple(dict.fromkeys(found))
 
