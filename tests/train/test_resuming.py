@@ -75,7 +75,7 @@ def test_finished_counts_epochs_done():
 def test_config_changes_name_each_computing_setting_by_its_flag():
     config = TrainerConfig(epochs=5, batch_size=32, seed=0, scale_lr=True, threads=7, progress=False)
     notes = config_changes(_body(), config.as_dict(), world_size=4, train_items=500)
-    assert notes == ["--epochs 3 -> 5", "--batch-size 64 -> 32", "--scale-lr False -> True", "ranks 2 -> 4",
+    assert notes == ["--epochs 3 -> 5", "--batch-size 64 -> 32", "--scale-lr off -> on", "ranks 2 -> 4",
                      "training items 1000 -> 500"]
     same_config = TrainerConfig(epochs=3, batch_size=64, seed=0, threads=7).as_dict()
     assert config_changes(_body(), same_config, world_size=2, train_items=1000) == []
@@ -96,6 +96,9 @@ def test_hyperparameters_are_the_plain_settings_of_each_group():
     # a flag that was left out is shown as unset, not as Python's None
     assert change("max_steps_per_epoch", None, 10) == "--max-steps-per-epoch (unset) -> 10"
     assert change("max_steps_per_epoch", 10, None) == "--max-steps-per-epoch 10 -> (unset)"
+    # a switch is on or off, not Python's True or False
+    assert change("amp", False, True) == "--amp off -> on"
+    assert change("fp16_allreduce", True, False) == "--fp16-allreduce on -> off"
 
 
 def test_scaled_lr_factor():

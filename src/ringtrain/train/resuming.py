@@ -69,9 +69,12 @@ def same(a: Any, b: Any) -> bool:
 
 
 def show(value: Any) -> str:
-    """A setting as a flag would take it (a flag left out, a None of the config, is "unset")."""
+    """A setting as a user of the flags reads it: a flag left out (a None of the config) is "(unset)", and
+    a switch (``--amp``, ``--scale-lr``: True or False in the config) is "on" or "off"."""
     if value is None:
         return "(unset)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple | list):
