@@ -58,3 +58,43 @@ def test_a_ray_client_server_that_opens_no_session_is_told_apart_by_the_auth_mod
     text = _client_refused("ray://head:10001", timeout)
     assert "RAY_AUTH_MODE=token where" not in text
     assert "holds the cluster's token" in text
+
+
+def _unreachable(address: str, *_: object, **__: object) -> None:
+    raise ClusterUnreachableError(f"no Ray cluster answers at {address} within 2 s (connection refused). "
+                                  "HINT: start one there with `ray start --head`.")
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--ray", "10.0.0.1:6379", "-np", "2", "python", "-c", "pass"],
+    ["train", "synthetic", "--ray", "10.0.0.1:6379", "-np", "2", "--subset", "8", "--no-progress"],
+])
+def test_no_cluster_at_connect_is_a_usage_error(command: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing started: a missing cluster is for the user to fix before the job, as a bad flag (exit 2).
+    The decision only: connect() is stubbed, no Ray is started."""
+    from ringtrain.cli.main import main
+    from ringtrain.ray import cluster
+
+    monkeypatch.setattr(cluster, "connect", _unreachable)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "ringtrain run: error: no Ray cluster answers at 10.0.0.1:6379 within 2 s (connection refused). "
+        "HINT: start one there with `ray start --head`."], err
+
+
+def test_a_cluster_that_cannot_place_the_job_after_connecting_stays_exit_1(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Past the connection the cluster is there, and its failures are the job's (exit 1), not misuse."""
+    from ringtrain.cli.main import main
+    from ringtrain.launch import ray_driver
+    from ringtrain.ray import cluster
+
+    def no_room(*_: object, **__: object) -> None:
+        raise cluster.PlacementTimeoutError("the Ray cluster could not fit 2 workers within 1 s")
+
+    monkeypatch.setattr(cluster, "connect", lambda *_, **__: None)
+    monkeypatch.setattr(ray_driver, "place", no_room)
+    assert main(["run", "--ray", "10.0.0.1:6379", "-np", "2", "python", "-c", "pass"]) == 1
+    assert "could not fit 2 workers" in capsys.readouterr().err
