@@ -65,6 +65,24 @@ def test_only_executors_seen_alive_and_now_removed_count_as_lost() -> None:
     assert _lost(before, before) == []
 
 
+@pytest.mark.parametrize(("master", "environ", "conf", "exec_", "chosen"), [
+    ("local[2]", {}, None, "python3", sys.executable),  # nobody chose: the driver's Python
+    ("local", {}, None, None, sys.executable),
+    ("local-cluster[2,1,1024]", {}, None, "python3", sys.executable),
+    ("local[2]", {"PYSPARK_PYTHON": "/opt/py/bin/python"}, None, "/opt/py/bin/python", None),
+    ("local[2]", {}, "/opt/py/bin/python", "python3", None),  # spark.pyspark.python
+    ("local[2]", {}, None, "/opt/py/bin/python", None),  # set on the context by its owner
+    ("spark://head:7077", {}, None, "python3", None),  # the executors' hosts may not have this path
+    ("yarn", {}, None, "python3", None),
+])
+def test_the_driver_python_is_given_only_to_local_tasks_nobody_chose_for(
+        master: str, environ: dict[str, str], conf: str | None, exec_: str | None,
+        chosen: str | None) -> None:
+    from ringtrain.spark.runner import local_executor_python
+
+    assert local_executor_python(master, environ, conf, exec_) == chosen
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     from pyspark import SparkContext
@@ -163,14 +181,17 @@ def _python_without_ringtrain() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_executors_whose_python_lacks_ringtrain_are_named_in_one_line(spark: Any) -> None:
+def test_executors_whose_python_lacks_ringtrain_are_named_in_one_line(spark: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from ringtrain.spark import ExecutorPythonError
 
     other = _python_without_ringtrain()
     if other is None:
         pytest.skip("no interpreter without ringtrain on this machine")
     sc = spark.sparkContext
-    # as a driver whose PYSPARK_PYTHON was unset gets: the context starts its tasks with another Python
+    # as a driver whose PYSPARK_PYTHON names a Python without ringtrain gets (a context reads the variable
+    # once, as it starts: its pythonExec is what the variable would have set)
+    monkeypatch.setenv("PYSPARK_PYTHON", other)
     before, sc.pythonExec = sc.pythonExec, other
     try:
         def never_runs() -> int:
@@ -183,8 +204,32 @@ def test_executors_whose_python_lacks_ringtrain_are_named_in_one_line(spark: Any
     text = str(info.value)
     assert len(text.splitlines()) == 1, text
     assert f"the Spark executors' Python ({other}) cannot import ringtrain (ModuleNotFoundError" in text
+    assert f"the SparkContext starts tasks with `{other}` (PYSPARK_PYTHON={other})" in text
     assert f"HINT: set PYSPARK_PYTHON={sys.executable}" in text
     assert "Py4J" not in text
     assert "at org.apache" not in text
     # the context still works with the right Python
     assert ringtrain.spark.run(lambda: 7, num_proc=1, verbose=0) == [7]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_local_tasks_get_the_driver_python_when_pyspark_python_is_unset(
+        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PySpark's default (``python3`` from PATH) is another interpreter than a virtualenv driver's: on a
+    local master ringtrain's tasks start with the driver's, for its own jobs only."""
+    sc = spark.sparkContext
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    before, sc.pythonExec = sc.pythonExec, "python3"  # what a context started without the variable has
+    try:
+        def executable() -> str:
+            import sys
+
+            return sys.executable
+
+        err = io.StringIO()
+        assert ringtrain.spark.run(executable, num_proc=1, stderr=err) == [sys.executable]
+        assert sc.pythonExec == "python3"  # the caller's context as it was
+    finally:
+        sc.pythonExec = before
+    assert f"tasks on this driver's Python {sys.executable} (PYSPARK_PYTHON unset)" in err.getvalue()

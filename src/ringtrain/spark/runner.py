@@ -2,10 +2,12 @@
 
 What ``run()`` does, in order: find the active SparkContext; wait (up to ``start_timeout``) until the
 cluster has ``num_proc`` task slots, since a barrier stage runs all its tasks at once or not at all;
-check with one small task that the executors' Python imports ringtrain; host the job store here in the
-driver under a fresh secret; run one barrier stage of ``num_proc``
-tasks (:class:`~ringtrain.spark.task.RankTask`, with the secret inside the pickled task, never in a
-command line or the Spark UI), and watch it from this thread while another one waits for Spark.
+on a master of this machine (``local``, ``local-cluster``) where nobody chose the executors' Python,
+give ringtrain's tasks the driver's; check with one small task that the executors' Python imports
+ringtrain; host the job store here in the driver under a fresh secret; run one barrier stage of
+``num_proc`` tasks (:class:`~ringtrain.spark.task.RankTask`, with the secret inside the pickled task,
+never in a command line or the Spark UI), and watch it from this thread while another one waits for
+Spark.
 
 A rank that fails ends the whole run at once: Spark would otherwise retry the barrier stage, all
 ranks again. The error names the root cause: an executor that was lost (by its host) before a rank
@@ -80,20 +82,32 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
     timeout_s = settings["start_timeout"]
     out, err = stdout or sys.stdout, stderr or sys.stderr
     _wait_for_slots(sc, size, timeout_s)
-    check_executor_python(sc)
-    secret = auth.new_secret()
-    server = _store_server(sc, secret)
-    job = f"ringtrain-spark-{uuid.uuid4().hex[:12]}"
-    task = RankTask(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), secret, server.address, job,
-                    timeout_s, env, _horovod_dir())
-    watch = _Watch(sc, job, size, server, timeout_s)
-    if verbose >= 1:
-        print(f"ringtrain.spark: {size} rank(s) in one barrier stage (Spark job group {job}), job store at "
-              f"{server.address}", file=err, flush=True)
+    python = local_executor_python(str(sc.master), os.environ, sc.getConf().get("spark.pyspark.python"),
+                                   getattr(sc, "pythonExec", None))
+    # The context is the caller's and its conf is fixed, but the Python a job's tasks start with is read
+    # from sc.pythonExec as each job is submitted: set for ringtrain's own jobs only, then put back.
+    chosen_before = getattr(sc, "pythonExec", None)
+    if python is not None:
+        sc.pythonExec = python
     try:
-        records = watch.run(task)
+        check_executor_python(sc)
+        secret = auth.new_secret()
+        server = _store_server(sc, secret)
+        job = f"ringtrain-spark-{uuid.uuid4().hex[:12]}"
+        task = RankTask(cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))), secret, server.address,
+                        job, timeout_s, env, _horovod_dir())
+        watch = _Watch(sc, job, size, server, timeout_s)
+        if verbose >= 1:
+            which = f", tasks on this driver's Python {python} (PYSPARK_PYTHON unset)" if python else ""
+            print(f"ringtrain.spark: {size} rank(s) in one barrier stage (Spark job group {job}), job store "
+                  f"at {server.address}{which}", file=err, flush=True)
+        try:
+            records = watch.run(task)
+        finally:
+            server.close()
     finally:
-        server.close()
+        if python is not None:
+            sc.pythonExec = chosen_before
     results: list[Any] = [None] * size
     for rank, host, value, rank_out, rank_err in sorted(records, key=lambda r: r[0]):
         results[rank] = value
@@ -133,6 +147,29 @@ def _checked(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any,
     if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
         raise ValueError(f"verbose={verbose!r} must be 0, 1 or 2.")
     return {"num_proc": num_proc, "start_timeout": float(start_timeout)}
+
+
+#: PySpark's own choice of the executors' Python when PYSPARK_PYTHON is unset: whatever python3 the
+#: executor's PATH finds, in a virtualenv driver not the driver's interpreter.
+PYSPARK_DEFAULT_PYTHON = "python3"
+
+
+def local_executor_python(master: str, environ: Mapping[str, str], conf_python: str | None,
+                          python_exec: str | None) -> str | None:
+    """The interpreter ringtrain's tasks should start with instead of PySpark's default, or None to keep
+    the context's.
+
+    Only on masters whose executors run on this machine (``local``, ``local[N]``, ``local-cluster[...]``),
+    where the driver's ``sys.executable`` exists for them too, and only where nobody chose: neither
+    ``PYSPARK_PYTHON`` nor ``spark.pyspark.python`` is set and the context kept PySpark's default. On a
+    cluster the driver's path may not exist on the executors' hosts; there the pre-flight check tells.
+    """
+    local = master == "local" or master.startswith(("local[", "local-cluster["))
+    if not local or environ.get("PYSPARK_PYTHON") or conf_python:
+        return None
+    if python_exec not in (None, PYSPARK_DEFAULT_PYTHON):
+        return None  # set on the context by its owner
+    return sys.executable or None
 
 
 def _import_probe() -> Callable[[Any], tuple[str, str]]:
