@@ -21,6 +21,7 @@ from ringtrain.cli.node_options import (
 from ringtrain.cli.options import EnvFlag, EnvOption, record_sources, spellings, value_source
 from ringtrain.cli.options import number as _float
 from ringtrain.cli.options import whole_number as _int
+from ringtrain.cli.usage import option_strings
 from ringtrain.exceptions import UsageError
 
 WORKLOAD_CHOICES = ("mnist", "fashion-mnist", "cifar10", "movielens", "synthetic", "synthetic-ratings")
@@ -118,7 +119,7 @@ def register(subparsers: Any) -> None:
     add_node_arguments(nodes, os.environ)
     record_sources(p)
     # the long flags, so that a TrainerConfig error can be told in the flags' own words
-    flags = frozenset(o for action in p._actions for o in action.option_strings if o.startswith("--"))
+    flags = frozenset(o for o in option_strings(p) if o.startswith("--"))
     p.set_defaults(func=run_train, train_flags=flags)
 
 
