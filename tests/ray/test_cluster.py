@@ -98,3 +98,53 @@ def test_a_cluster_that_cannot_place_the_job_after_connecting_stays_exit_1(
     monkeypatch.setattr(ray_driver, "place", no_room)
     assert main(["run", "--ray", "10.0.0.1:6379", "-np", "2", "python", "-c", "pass"]) == 1
     assert "could not fit 2 workers" in capsys.readouterr().err
+
+
+def _client_init_failing(failures: list[str], calls: list[str]):
+    """A stand-in for ``ray.init`` toward a Ray Client address that raises each of ``failures`` in turn,
+    then connects."""
+    def init(address: str | None = None, **_: object) -> None:
+        calls.append(address or "")
+        if len(calls) <= len(failures):
+            raise ConnectionError(failures[len(calls) - 1])
+    return init
+
+
+#: What Ray's client raises when the server's session process died at start (its proxier's words).
+SESSION_DIED = ("Initialization failure from server:\nTraceback (most recent call last):\n"
+                "  File \"proxier.py\", line 772, in Datapath\nRuntimeError: Starting Ray client server "
+                "failed. See ray_client_server_23000.err for detailed logs.")
+
+
+def test_a_session_process_that_died_at_start_is_connected_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringtrain.ray import cluster
+
+    calls: list[str] = []
+    monkeypatch.setattr(cluster, "_check_reachable", lambda *_: None)
+    monkeypatch.setattr(ray, "init", _client_init_failing([SESSION_DIED, SESSION_DIED], calls))
+    connect("ray://head:10001", timeout_s=1, quiet=True)
+    assert calls == ["ray://head:10001"] * 3
+
+
+def test_a_session_process_that_keeps_dying_is_the_error_after_the_last_attempt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringtrain.ray import cluster
+
+    calls: list[str] = []
+    monkeypatch.setattr(cluster, "_check_reachable", lambda *_: None)
+    monkeypatch.setattr(ray, "init", _client_init_failing([SESSION_DIED] * 5, calls))
+    with pytest.raises(ClusterUnreachableError, match="(?s)no session .*Starting Ray client server failed"):
+        connect("ray://head:10001", timeout_s=1)
+    assert len(calls) == cluster.CLIENT_SESSION_ATTEMPTS
+
+
+def test_a_refused_session_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timeout (the token case, and any other) is the user's to fix: one attempt, then the error."""
+    from ringtrain.ray import cluster
+
+    calls: list[str] = []
+    monkeypatch.setattr(cluster, "_check_reachable", lambda *_: None)
+    monkeypatch.setattr(ray, "init", _client_init_failing(["ray client connection timeout"] * 3, calls))
+    with pytest.raises(ClusterUnreachableError, match="started no session"):
+        connect("ray://head:10001", timeout_s=1)
+    assert len(calls) == 1

@@ -53,15 +53,35 @@ def connect(address: str | None, timeout_s: float,
         {"log_to_driver": True}
     if quiet and client:
         _quiet_client_log_stream()
-    try:
-        with warnings.catch_warnings():
-            if quiet and client:  # Ray Client's own warning on a timeout: the error below says more
-                warnings.simplefilter("ignore", UserWarning)
-            ray.init(address=address, include_dashboard=False, **output)
-    except ConnectionError as exc:
-        if not client:
-            raise
-        raise ClusterUnreachableError(_client_refused(address, exc)) from exc
+    for attempt in range(1, CLIENT_SESSION_ATTEMPTS + 1):
+        try:
+            with warnings.catch_warnings():
+                if quiet and client:  # Ray Client's own warning on a timeout: the error below says more
+                    warnings.simplefilter("ignore", UserWarning)
+                ray.init(address=address, include_dashboard=False, **output)
+            return
+        except ConnectionError as exc:
+            if not client:
+                raise
+            if _session_server_died(exc) and attempt < CLIENT_SESSION_ATTEMPTS:
+                # Ray's client server starts one process per session; when that process dies at start
+                # (seen in about one connection of two on a loaded two-core machine, with nothing in its
+                # log), the next connection gets a fresh one. Ray's client has disconnected itself.
+                logging.getLogger(__name__).info("the Ray Client server's session process died at start "
+                                                 "(attempt %d of %d); connecting again", attempt,
+                                                 CLIENT_SESSION_ATTEMPTS)
+                continue
+            raise ClusterUnreachableError(_client_refused(address, exc)) from exc
+
+
+#: Connections to a Ray Client server whose session process dies at start, before the error is the user's.
+CLIENT_SESSION_ATTEMPTS = 3
+#: Ray's client server's words for a session process that exited before serving (ray/util/client/server).
+_SESSION_SERVER_DIED = "Starting Ray client server failed"
+
+
+def _session_server_died(exc: BaseException) -> bool:
+    return _SESSION_SERVER_DIED in str(exc)
 
 
 #: The logger Ray Client re-logs the server's log records with, on this process's stderr.
