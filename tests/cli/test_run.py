@@ -128,6 +128,7 @@ def run_cli(argv, capsys):
     (["--cycle-time-ms", "-1", "python", "x.py"], "must be >= 0"),
     (["-np", "5", "-H", "localhost:2", "python", "x.py"], "more processes than the 2 slots"),
     (["-H", "localhost", "python", "x.py"], "not of the form host:slots"),
+    (["-H", "localhost:1,,localhost:1", "python", "x.py"], "has an empty entry"),
     (["--hostfile", "/nonexistent/ringtrain-hosts", "python", "x.py"], "does not exist"),
     (["-np", "1", "ringtrain-no-such-command-xyz"], "command not found"),
     (["-np", "1", "python", "no_such_script_xyz.py"], "script not found"),

@@ -20,10 +20,24 @@ def test_parse_hosts_keeps_order_and_slots():
 
 @pytest.mark.parametrize("spec", ["", "a", "a:", "a:x", "a:2,,b", "a b:2", "a:0", "a:2,a:1", "a:-1"])
 def test_malformed_hosts_name_the_entry(spec):
-    if spec == "a:2,,b":
-        spec = "a:2,b"
     with pytest.raises(UsageError, match="HINT"):
         parse_hosts(spec)
+
+
+@pytest.mark.parametrize(("spec", "fixed"), [
+    ("a:2,,b:1", "a:2,b:1"),
+    ("a:2,", "a:2"),
+    (",a:2", "a:2"),
+    ("a:2, ,b:1", "a:2,b:1"),
+])
+def test_empty_host_entry_is_an_error_naming_the_list_and_the_fix(spec, fixed):
+    # horovodrun refuses an empty -H entry too (each must match host:slots); dropping it silently
+    # would run on fewer hosts than a list written by hand or by a script meant.
+    with pytest.raises(UsageError) as caught:
+        parse_hosts(spec)
+    message = str(caught.value)
+    assert f"-H {spec!r} has an empty entry" in message
+    assert f"HINT: separate the hosts by single commas: -H {fixed}." in message
 
 
 def test_hostfile_comments_blank_lines_default_slot(tmp_path):

@@ -40,11 +40,20 @@ class SlotAssignment:
 
 
 def parse_hosts(spec: str) -> tuple[HostSlots, ...]:
-    """Parse ``-H h1:2,h2:4``; every entry needs an explicit slot count, as in horovodrun."""
-    entries = [part.strip() for part in spec.split(",") if part.strip()]
+    """Parse ``-H h1:2,h2:4``; every entry needs an explicit slot count, as in horovodrun.
+
+    An empty entry (``a:2,,b:1``, a leading or trailing comma) is an error, as it is for horovodrun,
+    whose every entry must match ``host:slots``: a host dropped from a list written by hand or by a
+    script is more likely a mistake than an intent.
+    """
+    parts = [part.strip() for part in spec.split(",")]
+    entries = [part for part in parts if part]
     if not entries:
         raise UsageError(f"-H {spec!r} names no host. HINT: write -H host1:slots,host2:slots, "
                          "e.g. -H localhost:2.")
+    if len(entries) < len(parts):
+        raise UsageError(f"-H {spec!r} has an empty entry (two commas in a row, or a comma at an end). "
+                         f"HINT: separate the hosts by single commas: -H {','.join(entries)}.")
     hosts = []
     for entry in entries:
         if not _HOST_ENTRY.match(entry):
