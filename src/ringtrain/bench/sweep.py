@@ -28,7 +28,7 @@ from ringtrain.bench.estimate import (
 from ringtrain.bench.hook import TAG, parse_output
 from ringtrain.bench.link import fit_link
 from ringtrain.bench.machine import describe_machine
-from ringtrain.bench.plan import BASELINE, BenchSettings, RunSpec, plain_environment, plan_runs, startup_runs
+from ringtrain.bench.plan import BenchSettings, RunSpec, plain_environment, plan_runs, startup_runs
 from ringtrain.bench.records import Measurement, combine_reports, summarize
 from ringtrain.env.cores import usable_cores
 from ringtrain.exceptions import UsageError
@@ -334,12 +334,6 @@ def run_sweep(settings: BenchSettings, progress: bool = True,
     body["runs"] = [m.as_dict() for m in measurements]
     body["rows"] = [r.as_dict() for r in summarize(measurements, startup)]
     return body
-
-
-def baseline_runs(body: dict[str, Any]) -> list[Measurement]:
-    """The baseline's successful measurements of a result body."""
-    return [m for m in (Measurement.from_dict(r) for r in body.get("runs", []))
-            if m.strategy == BASELINE and m.ok]
 
 
 def write_outputs(body: dict[str, Any], out: Path) -> list[str]:

@@ -629,10 +629,6 @@ class JobStore(dist.Store):
     def append(self, key: str, value: str | bytes) -> None:
         self._call(_APPEND, [key.encode(), _as_bytes(value)])
 
-    def ping(self) -> None:
-        """One round trip (raises when the server is gone)."""
-        self._call(_PING, [])
-
     @property
     def secret(self) -> str | None:
         """The job's secret this connection proved (None: an unauthenticated job)."""

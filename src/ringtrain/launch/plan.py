@@ -76,12 +76,6 @@ Plan = NodePlan | HostsPlan | SrunPlan
 
 __all__ = ["SHARED_RUN_ID", "HostsPlan", "NodePlan", "Plan", "SrunPlan", "resolve_plan"]
 
-def _split_endpoint(endpoint: str, default_port: int | None) -> tuple[str, int | None]:
-    host, sep, port = endpoint.rpartition(":")
-    if sep and port.isdigit():
-        return host.strip("[]"), int(port)
-    return endpoint, default_port
-
 
 def _per_node(config: LaunchConfig, nnodes: int, fallback: int, where: str) -> int:
     if config.nproc_per_node:
