@@ -33,7 +33,7 @@ from ringtrain.env.hostlist import expand_nodelist, parse_tasks_per_node
 from ringtrain.exceptions import ClusterEnvironmentError
 
 __all__ = ["NON_SRUN_STEPS", "SlurmEnvironment", "SlurmJob", "SlurmShellEnvironment", "expand_nodelist",
-           "in_srun_step", "parse_tasks_per_node"]
+           "in_slurm_step", "in_srun_step", "parse_tasks_per_node"]
 
 #: Job names of interactive allocations (salloc, srun --pty bash): their shells start ranks by hand.
 INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
@@ -65,6 +65,14 @@ def in_srun_step(environ: Mapping[str, str]) -> bool:
     """A task of an ``srun`` step (an ``srun --pty`` shell included): a step id that is not a sentinel."""
     step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
     return step is not None and step not in NON_SRUN_STEPS and "SLURM_PROCID" in environ
+
+
+def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """A process of a Slurm step of any kind (the batch script's included): ``SLURM_STEP_ID`` is set.
+
+    Slurm delivers a step's signals to every process of the step itself, so a launcher inside one must
+    not send its ranks a second copy."""
+    return bool(environ.get("SLURM_STEP_ID"))
 
 
 class SlurmJob:

@@ -16,11 +16,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ringtrain.env.slurm import in_slurm_step
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.environ import patched_environ
 from ringtrain.launch.forwarding import forwarding, signal_pids
@@ -38,6 +39,9 @@ from ringtrain.launch.worker_entry import AGENT_PID_VARIABLE
 
 if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launcher does
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ringtrain.launch.rendezvous import NodeMeeting
+    from ringtrain.launch.restarts import GroupAgent, Restart
 
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
@@ -77,15 +81,6 @@ class NodeSpec:
     """The job's secret, when a driver handed one over (else: the environment's, or a new one)."""
     layout: tuple[int, ...] | None = None
     """Ranks on every node in node-rank order, when a driver knows them (else ``nproc`` everywhere)."""
-
-
-class AgentFailed(Exception):
-    """The node's ranks failed; ``failure`` is the earliest, ``count`` how many failed."""
-
-    def __init__(self, failure: RankFailure, count: int) -> None:
-        super().__init__(failure.message or failure.status())
-        self.failure = failure
-        self.count = count
 
 
 def _seconds(value: object, name: str) -> float:
@@ -182,6 +177,26 @@ def _cuda_visible() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@dataclass
+class _NodeRun:
+    """One ``run_node`` call: what its outcomes read to say how the node's ranks ended."""
+
+    spec: NodeSpec
+    host: str
+    log_dir: str
+    history: list[tuple[Restart, list[RankFailure]]] = field(default_factory=list)
+    agents: list[GroupAgent] = field(default_factory=list)
+
+    def failures(self, found: Mapping[int, ProcessFailure]) -> list[RankFailure]:
+        """torch's failure records of ranks (by global rank) as this node's failure reports."""
+        return [_failure_from(rank, pf, self.host,
+                              _stderr_path(self.log_dir, self.spec.output_dir, rank, pf.local_rank))
+                for rank, pf in found.items()]
+
+    def ranks_now(self) -> list[int]:
+        return self.agents[0].rank_pids() if self.agents else []
+
+
 def run_node(spec: NodeSpec, command: list[str]) -> int:
     """Start ``spec.nproc`` ranks of ``command`` on this node; returns the exit code for the launcher.
 
@@ -189,25 +204,77 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     nodes were started with settings that disagree). With ``max_restarts`` every failure of a rank
     restarts the whole group (on every node) until the restarts run out; each restart is announced
     on stderr as it happens and listed in the final report. A SIGTERM or SIGINT stops every rank and
-    returns 128 + the signal number.
+    returns 128 + the signal number. How each way of ending maps to its exit code: :func:`_outcomes`.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
+    from ringtrain.launch.restarts import run_agent
+    from ringtrain.launch.stopping import StopGuard
+
+    run = _NodeRun(spec, spec.host or socket.gethostname(), spec.log_dir or str(run_folder()))
+    relay = ConsoleRelay(sys.stdout, sys.stderr)
+    logs = RankLogsSpecs(log_dir=run.log_dir, output_dir=spec.output_dir, redirects=spec.redirects,
+                         tee=spec.tee, relay=relay)
+    torch_config, env, meeting = _agent_setup(spec, run.host, logs, relay.worker_variables())
+    # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
+    # into "$"; doubling each "$" hands the user's arguments over unchanged.
+    args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
+    # A driver that started this agent speaks to the user itself; a signal reaches us from it.
+    guard = StopGuard(run.ranks_now, interactive=not spec.failure_marker)
+
+    def on_restart(restart: Restart) -> None:
+        failures = run.failures(restart.failures)
+        run.history.append((restart, failures))
+        print(f"ringtrain run: {_restart_line(restart, failures, run.host)}", file=sys.stderr, flush=True)
+
+    def forward(signum: int) -> None:
+        # An srun task's signals reach every process of its step from Slurm itself (the ranks too); a
+        # second copy from here could arrive while a rank exits, when Python has put the default action
+        # back, and kill it with that signal instead of its own status.
+        if not in_slurm_step(os.environ):
+            signal_pids(run.ranks_now(), signum)
+
+    try:
+        # A scheduler's warning (SIGUSR1) to this agent goes on to its ranks (launch/forwarding.py).
+        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
+                forwarding(forward):
+            relay.start()
+            try:
+                if meeting is not None:
+                    from ringtrain.engine.auth import ENV_ADDRESS
+
+                    torch_config.rdzv_configs.update(meeting.open())
+                    os.environ[ENV_ADDRESS] = meeting.address
+                run_agent(torch_config, sys.executable, args, on_restart=on_restart,
+                          on_agent=run.agents.append, stop_guard=guard)
+            finally:
+                relay.stop()  # every rank's output is out before a failure report follows it
+        return _finished(run)
+    except (Exception, KeyboardInterrupt) as exc:
+        for kind, outcome in _outcomes():
+            if isinstance(exc, kind):
+                return outcome(run, exc)
+        raise  # not reached: the table ends with Exception and KeyboardInterrupt
+    finally:
+        if meeting is not None:
+            meeting.close(run.agents[0].get_worker_group().spec.rdzv_handler if run.agents else None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if not spec.log_dir:
+            shutil.rmtree(run.log_dir, ignore_errors=True)
+        guard.finish()
+
+
+def _agent_setup(spec: NodeSpec, host: str, logs: Any,
+                 relay_variables: Mapping[str, str]) -> tuple[Any, dict[str, str], NodeMeeting | None]:
+    """torch's launch config for this node, the variables its workers get, and the meeting on node 0's
+    job store (None with torch's own c10d rendezvous)."""
     from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 
     from ringtrain.engine.auth import ENV_ADDRESS, ENV_SECRET
-    from ringtrain.exceptions import RendezvousFailedError, RendezvousMismatchError
     from ringtrain.launch import store_host
-    from ringtrain.launch.logs import ConsoleRelay, RankLogsSpecs
     from ringtrain.launch.rendezvous import BACKEND, NodeMeeting, NodeView
-    from ringtrain.launch.restarts import GroupAgent, Restart, run_agent
-    from ringtrain.launch.stopping import STOP_SIGNALS, StopGuard
+    from ringtrain.launch.stopping import STOP_SIGNALS
 
-    host = spec.host or socket.gethostname()
-    log_dir = spec.log_dir or str(run_folder())
-    relay = ConsoleRelay(sys.stdout, sys.stderr)
-    logs = RankLogsSpecs(log_dir=log_dir, output_dir=spec.output_dir, redirects=spec.redirects, tee=spec.tee,
-                         relay=relay)
     rdzv_configs: dict[str, object] = {"timeout": int(max(spec.rdzv_timeout, 1)), **spec.rdzv_conf}
     # --rdzv-conf timeout=N bounds the meeting like torchrun's (it overrides --start-timeout's value)
     rdzv_timeout = _seconds(rdzv_configs["timeout"], "--rdzv-conf timeout")
@@ -221,120 +288,117 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
         rdzv_backend=backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
         monitor_interval=0.1, local_addr=spec.local_addr,
     )
-    env = {**relay.worker_variables(), **spec.env}
+    env = {**relay_variables, **spec.env}
     # torch 2.10+'s agent writes this into os.environ; listing it here makes patched_environ restore it.
     # Older agents have no such field and stop on the same signals without reading the variable.
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = getattr(torch_config, "signals_to_handle", ",".join(STOP_SIGNALS))
     env[AGENT_PID_VARIABLE] = str(os.getpid())  # the ranks' parent: how each learns that this agent died
-    meeting = None
-    if backend == BACKEND:
-        secret = store_host.node_secret(os.environ, whole_job_here=spec.max_nodes == 1, given=spec.secret)
-        if secret:
-            env[ENV_SECRET] = secret
-        # The workers meet on the same job store (node 0's); the address is final once it listens.
-        env[ENV_ADDRESS] = spec.rdzv_endpoint
-        endpoint_host, _, endpoint_port = spec.rdzv_endpoint.rpartition(":")
-        view = NodeView.here(spec.node_rank, spec.max_nodes, spec.nproc, spec.run_id, int(endpoint_port),
-                             layout=spec.layout, host=host)
-        meeting = NodeMeeting(view=view, endpoint=spec.rdzv_endpoint, secret=secret,
-                              bootstrap_host=endpoint_host.strip("[]") or "127.0.0.1",
-                              timeout=rdzv_timeout)
-    # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
-    # into "$"; doubling each "$" hands the user's arguments over unchanged.
-    args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
-    history: list[tuple[Restart, list[RankFailure]]] = []
-    agents: list[GroupAgent] = []
-    # A driver that started this agent speaks to the user itself; a signal reaches us from it.
-    guard = StopGuard(lambda: ranks_now(), interactive=not spec.failure_marker)
+    if backend != BACKEND:
+        return torch_config, env, None
+    secret = store_host.node_secret(os.environ, whole_job_here=spec.max_nodes == 1, given=spec.secret)
+    if secret:
+        env[ENV_SECRET] = secret
+    # The workers meet on the same job store (node 0's); the address is final once it listens.
+    env[ENV_ADDRESS] = spec.rdzv_endpoint
+    endpoint_host, _, endpoint_port = spec.rdzv_endpoint.rpartition(":")
+    view = NodeView.here(spec.node_rank, spec.max_nodes, spec.nproc, spec.run_id, int(endpoint_port),
+                         layout=spec.layout, host=host)
+    meeting = NodeMeeting(view=view, endpoint=spec.rdzv_endpoint, secret=secret,
+                          bootstrap_host=endpoint_host.strip("[]") or "127.0.0.1", timeout=rdzv_timeout)
+    return torch_config, env, meeting
 
-    def on_restart(restart: Restart) -> None:
-        failures = [_failure_from(rank, pf, host, _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
-                    for rank, pf in restart.failures.items()]
-        history.append((restart, failures))
-        print(f"ringtrain run: {_restart_line(restart, failures, host)}", file=sys.stderr, flush=True)
 
-    def ranks_now() -> list[int]:
-        return agents[0].rank_pids() if agents else []
+# How a node's run ends, one function per way: each says it (or leaves it to the driver) and returns the
+# launcher's exit code.
 
-    def forward(signum: int) -> None:
-        # An srun task's signals reach every process of its step from Slurm itself (the ranks too); a
-        # second copy from here could arrive while a rank exits, when Python has put the default action
-        # back, and kill it with that signal instead of its own status.
-        if not os.environ.get("SLURM_STEP_ID"):
-            signal_pids(ranks_now(), signum)
+def _finished(run: _NodeRun) -> int:
+    """Every rank of this node finished (after restarts, perhaps)."""
+    if run.agents and run.agents[0].closed_while_finishing:
+        return _node_error(run.spec, run.host, f"this node's ranks finished, but the job failed elsewhere: "
+                                               f"{run.agents[0].closed_while_finishing}", 1)
+    if run.history:  # recovered: what failed would go with the ranks' log folder, so it is said here
+        from ringtrain.launch.report import format_earlier_attempts
 
-    try:
-        # A scheduler's warning (SIGUSR1) to this agent goes on to its ranks (launch/forwarding.py).
-        with patched_environ(env), quiet_torch_logs(spec.verbose), kept_signal_handlers(), \
-                forwarding(forward):
-            relay.start()
-            try:
-                if meeting is not None:
-                    torch_config.rdzv_configs.update(meeting.open())
-                    os.environ[ENV_ADDRESS] = meeting.address
-                run_agent(torch_config, sys.executable, args, on_restart=on_restart, on_agent=agents.append,
-                          stop_guard=guard)
-            finally:
-                relay.stop()  # every rank's output is out before a failure report follows it
-        if agents and agents[0].closed_while_finishing:
-            return _node_error(spec, host, f"this node's ranks finished, but the job failed elsewhere: "
-                                           f"{agents[0].closed_while_finishing}", 1)
-        if history:  # recovered: what failed would go with the ranks' log folder, so it is said here
-            from ringtrain.launch.report import format_earlier_attempts
+        print(format_earlier_attempts([(r.attempt, r.time, found) for r, found in run.history]),
+              file=sys.stderr, flush=True)
+    return 0
 
-            print(format_earlier_attempts([(r.attempt, r.time, found) for r, found in history]),
-                  file=sys.stderr, flush=True)
-        return 0
-    except ChildFailedError as exc:
-        if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in exc.failures.values()):
-            # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
-            return 128 + signal.SIGINT
-        failures = [_failure_from(rank, pf, host,
-                                  _stderr_path(log_dir, spec.output_dir, rank, pf.local_rank))
-                    for rank, pf in exc.failures.items()]
-        root = earliest(failures)
-        assert root is not None
-        if preempted(failures):
-            return _preempted(spec, root, failures)
-        if history:
-            root = _with_history(root, history)
-        _emit(spec, root, failures)
-        return 1
-    except SignalException as exc:
-        codes = agents[0].rank_exit_codes() if agents else []
-        if codes and all(code == PREEMPTED_EXIT for code in codes):
-            # the stop signal reached the ranks too, and each stopped gracefully after its snapshot
-            if not spec.failure_marker:  # a driver's agent: the driver speaks to the user
-                line = preempted_line(f"{len(codes)} rank(s)")
-                print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
-            return PREEMPTED_EXIT
-        return 128 + int(exc.sigval)
-    except KeyboardInterrupt:
-        return 130
-    except RendezvousMismatchError as exc:
-        return _node_error(spec, host, str(exc), 2)
-    except RendezvousFailedError as exc:
-        return _node_error(spec, host, f"node {spec.node_rank}: {exc}", 1)
-    except Exception as exc:  # rendezvous or store errors: no rank ran, so say where they met
-        failure = RankFailure(host=host, rank=-1, local_rank=-1, exitcode=1, pid=os.getpid(),
-                              time=time.time(), message=(
-                                  f"node {spec.node_rank} could not start its ranks (rendezvous "
-                                  f"{spec.rdzv_backend} at {spec.rdzv_endpoint}): "
-                                  f"{type(exc).__name__}: {exc}"))
-        if spec.failure_marker:
-            print(failure.to_marker(), file=sys.stderr, flush=True)
-        else:
-            print(f"ringtrain run: error: {failure.message}. HINT: check that node 0 is reachable at "
-                  f"{spec.rdzv_endpoint} and that the port is free (--master-port).", file=sys.stderr)
-        return 1
-    finally:
-        if meeting is not None:
-            meeting.close(agents[0].get_worker_group().spec.rdzv_handler if agents else None)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if not spec.log_dir:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        guard.finish()
+
+def _ranks_failed(run: _NodeRun, exc: BaseException) -> int:
+    """torch's ``ChildFailedError``: ranks failed and no restart is left."""
+    found: Mapping[int, ProcessFailure] = exc.failures  # type: ignore[attr-defined]
+    if all(pf.exitcode in (128 + signal.SIGINT, -signal.SIGINT) for pf in found.values()):
+        # Ctrl-C on a terminal reaches the ranks too; when they end first, it is no failure to report
+        return 128 + signal.SIGINT
+    failures = run.failures(found)
+    root = earliest(failures)
+    assert root is not None
+    if preempted(failures):
+        return _preempted(run.spec, root, failures)
+    if run.history:
+        root = _with_history(root, run.history)
+    _emit(run.spec, root, failures)
+    return 1
+
+
+def _stopped_by_signal(run: _NodeRun, exc: BaseException) -> int:
+    """torch's ``SignalException``: a stop signal reached the agent (128 + its number)."""
+    codes = run.agents[0].rank_exit_codes() if run.agents else []
+    if codes and all(code == PREEMPTED_EXIT for code in codes):
+        # the stop signal reached the ranks too, and each stopped gracefully after its snapshot
+        if not run.spec.failure_marker:  # a driver's agent: the driver speaks to the user
+            line = preempted_line(f"{len(codes)} rank(s)")
+            print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+    return 128 + int(exc.sigval)  # type: ignore[attr-defined]
+
+
+def _interrupted(run: _NodeRun, exc: BaseException) -> int:
+    return 128 + signal.SIGINT
+
+
+def _settings_disagree(run: _NodeRun, exc: BaseException) -> int:
+    """The nodes met with settings that disagree: the user's to fix (2)."""
+    return _node_error(run.spec, run.host, str(exc), 2)
+
+
+def _meeting_failed(run: _NodeRun, exc: BaseException) -> int:
+    return _node_error(run.spec, run.host, f"node {run.spec.node_rank}: {exc}", 1)
+
+
+def _could_not_start(run: _NodeRun, exc: BaseException) -> int:
+    """Rendezvous or store errors: no rank ran, so say where the nodes were to meet."""
+    spec = run.spec
+    failure = RankFailure(host=run.host, rank=-1, local_rank=-1, exitcode=1, pid=os.getpid(),
+                          time=time.time(), message=(
+                              f"node {spec.node_rank} could not start its ranks (rendezvous "
+                              f"{spec.rdzv_backend} at {spec.rdzv_endpoint}): {type(exc).__name__}: {exc}"))
+    if spec.failure_marker:
+        print(failure.to_marker(), file=sys.stderr, flush=True)
+    else:
+        print(f"ringtrain run: error: {failure.message}. HINT: check that node 0 is reachable at "
+              f"{spec.rdzv_endpoint} and that the port is free (--master-port).", file=sys.stderr)
+    return 1
+
+
+Outcome = Callable[[_NodeRun, BaseException], int]
+
+
+def _outcomes() -> tuple[tuple[type[BaseException], Outcome], ...]:
+    """How ``run_node`` ends on each exception, first match wins (torch's classes load with the agent)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from ringtrain.exceptions import RendezvousFailedError, RendezvousMismatchError
+
+    return (
+        (ChildFailedError, _ranks_failed),
+        (SignalException, _stopped_by_signal),
+        (KeyboardInterrupt, _interrupted),
+        (RendezvousMismatchError, _settings_disagree),
+        (RendezvousFailedError, _meeting_failed),
+        (Exception, _could_not_start),
+    )
 
 
 def _preempted(spec: NodeSpec, root: RankFailure, failures: list[RankFailure]) -> int:
