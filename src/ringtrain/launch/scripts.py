@@ -117,17 +117,32 @@ class JobScript:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {self.scheduler!r}. "
                              f"HINT: use one of {', '.join(SCHEDULERS)}.")
+        self._check_sizes()
+        if not self.command:
+            raise ValueError("no command to run. HINT: put it after --, e.g. "
+                             "ringtrain script slurm --nodes 2 --nproc-per-node 4 -- python train.py")
+        if self.time is not None:
+            parse_walltime(self.time)
+        self._check_names()
+        if self.pbs_resources not in ("select", "nodes"):
+            raise ValueError(f"--pbs-resources {self.pbs_resources!r} is unknown. HINT: use select "
+                             "(PBS Pro, OpenPBS) or nodes (Torque).")
+        for line in self.setup:
+            if "\n" in line:
+                raise ValueError(f"--setup {line!r} spans several lines. HINT: repeat --setup once per line.")
+        if self.requeue:
+            self._check_requeue()
+
+    def _check_sizes(self) -> None:
         for name in ("nodes", "procs_per_node", "cpus_per_proc"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} {getattr(self, name)} must be at least 1. HINT: e.g. {flag} 2.")
         if self.gpus_per_node < 0:
             raise ValueError(f"--gpus-per-node {self.gpus_per_node} is negative. HINT: use 0 for none.")
-        if not self.command:
-            raise ValueError("no command to run. HINT: put it after --, e.g. "
-                             "ringtrain script slurm --nodes 2 --nproc-per-node 4 -- python train.py")
-        if self.time is not None:
-            parse_walltime(self.time)
+
+    def _check_names(self) -> None:
+        """The words that go into the script as they are: job name, queue, QOS, account, mail."""
         if not _NAME.match(self.job_name):
             raise ValueError(f"--job-name {self.job_name!r} must be 1-64 letters, digits or . _ + -. "
                              "HINT: e.g. --job-name mnist-ddp.")
@@ -144,14 +159,6 @@ class JobScript:
         if unknown:
             raise ValueError(f"--mail-type {','.join(self.mail_type)!r}: {unknown[0]!r} is not one of "
                              f"{', '.join(MAIL_EVENTS)}. HINT: e.g. --mail-type end,fail.")
-        if self.pbs_resources not in ("select", "nodes"):
-            raise ValueError(f"--pbs-resources {self.pbs_resources!r} is unknown. HINT: use select "
-                             "(PBS Pro, OpenPBS) or nodes (Torque).")
-        for line in self.setup:
-            if "\n" in line:
-                raise ValueError(f"--setup {line!r} spans several lines. HINT: repeat --setup once per line.")
-        if self.requeue:
-            self._check_requeue()
 
     def _check_requeue(self) -> None:
         if self.signal_before < 1:
@@ -170,8 +177,7 @@ class JobScript:
         if not any(arg.startswith(("--snapshot-dir", "--save-every")) for arg in train):
             raise ValueError("--requeue: the command `ringtrain train` writes no snapshot, so a requeued job "
                              "would start afresh. HINT: add --snapshot-dir DIR (a folder every node and "
-                             "every "
-                             "run of the job sees) to the command.")
+                             "every run of the job sees) to the command.")
 
     @property
     def cpus_per_node(self) -> int | None:
