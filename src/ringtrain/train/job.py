@@ -95,31 +95,22 @@ class TrainJob:
             raise JobError(f"--max-restarts {self.max_restarts} must be at least 0. HINT: use e.g. "
                            "--max-restarts 3, or 0 for no restart.")
         if self.elastic:
-            low, high = self.min_np or 1, self.max_np
-            if self.min_np is not None and self.min_np < 1 or high is not None and high < low:
-                # only the flags that were given: a left-out one has no value to show (not None)
-                given = " / ".join(f"--{name.replace('_', '-')} {value}" for name, value in
-                                   (("min_np", self.min_np), ("max_np", high)) if value is not None)
-                raise JobError(f"{given} is not a range of worker counts with 1 <= MIN <= MAX. HINT: write "
-                               "e.g. --min-np 1 --max-np 4.")
-            if self.nproc < low or (high is not None and self.nproc > high):
-                raise JobError(f"-np {self.nproc} lies outside --min-np {low} .. --max-np "
-                               f"{high if high is not None else 'unbounded'}. HINT: start with a number of "
-                               "workers between the two.")
-            if self.trainer.strategy != "horovod":
-                raise JobError(f"--strategy {self.trainer.strategy} cannot go on when a worker fails "
-                               "(torch's process groups do not re-form in process). HINT: use --strategy "
-                               "horovod with --min-np/--max-np.")
-            if self.max_restarts:
-                raise JobError(f"--max-restarts {self.max_restarts} cannot be combined with --min-np/"
-                               "--max-np/--host-discovery-script: the elastic driver replaces failed workers "
-                               "itself. "
-                               "HINT: drop --max-restarts, or drop the elastic flags for whole-job restarts.")
+            self._check_elastic()
         if self.ray is not None:
             self._check_ray()
         if self.subset is not None and self.subset < 1:
             raise JobError(f"--subset {self.subset} must be at least 1 item. HINT: use e.g. --subset 1000, "
                            "or leave it out for the whole dataset.")
+        self._check_optimizer()
+        if self.like is not None and self.workload != "synthetic":
+            raise JobError(f"--like {self.like} shapes synthetic images; workload {self.workload!r} has data "
+                           f"of its own. HINT: use ringtrain train synthetic --like {self.like}, "
+                           "or drop --like.")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
+                           f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
+
+    def _check_optimizer(self) -> None:
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             raise JobError(f"--optimizer {self.optimizer!r} is not known. "
                            f"HINT: use one of {list(OPTIMIZERS)}.")
@@ -131,13 +122,28 @@ class TrainJob:
                 flag = f"--{name.replace('_', '-')}"
                 raise JobError(f"{flag} {value:g} must be a number >= 0. HINT: use e.g. {flag} {example}, or "
                                f"{flag} 0 for none.")
-        if self.like is not None and self.workload != "synthetic":
-            raise JobError(f"--like {self.like} shapes synthetic images; workload {self.workload!r} has data "
-                           f"of its own. HINT: use ringtrain train synthetic --like {self.like}, "
-                           "or drop --like.")
-        if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise JobError(f"--data-dir {self.data_dir} is not a folder. HINT: give the folder that holds "
-                           f"the {self.workload} files, or leave --data-dir out (built-in or cached data).")
+
+    def _check_elastic(self) -> None:
+        low, high = self.min_np or 1, self.max_np
+        if self.min_np is not None and self.min_np < 1 or high is not None and high < low:
+            # only the flags that were given: a left-out one has no value to show (not None)
+            given = " / ".join(f"--{name.replace('_', '-')} {value}" for name, value in
+                               (("min_np", self.min_np), ("max_np", high)) if value is not None)
+            raise JobError(f"{given} is not a range of worker counts with 1 <= MIN <= MAX. HINT: write "
+                           "e.g. --min-np 1 --max-np 4.")
+        if self.nproc < low or (high is not None and self.nproc > high):
+            raise JobError(f"-np {self.nproc} lies outside --min-np {low} .. --max-np "
+                           f"{high if high is not None else 'unbounded'}. HINT: start with a number of "
+                           "workers between the two.")
+        if self.trainer.strategy != "horovod":
+            raise JobError(f"--strategy {self.trainer.strategy} cannot go on when a worker fails "
+                           "(torch's process groups do not re-form in process). HINT: use --strategy "
+                           "horovod with --min-np/--max-np.")
+        if self.max_restarts:
+            raise JobError(f"--max-restarts {self.max_restarts} cannot be combined with --min-np/"
+                           "--max-np/--host-discovery-script: the elastic driver replaces failed workers "
+                           "itself. HINT: drop --max-restarts, or drop the elastic flags for whole-job "
+                           "restarts.")
 
     def _check_ray(self) -> None:
         if self.elastic:
