@@ -12,7 +12,7 @@ import torch
 
 from ringtrain.cli.check import parse_sizes
 from ringtrain.exceptions import UsageError
-from tests.integration.system import clean_env, ringtrain_has_command, skip_unless_collectives
+from tests.integration.system import clean_env, skip_unless_collectives
 from tests.ranks import free_port
 
 CHECK_TIMEOUT = 300
@@ -87,8 +87,6 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
 @pytest.mark.slow
 def test_two_ranks_under_ringtrain_run_pass() -> None:
     skip_unless_collectives()
-    if not ringtrain_has_command("run"):
-        pytest.skip("`ringtrain run` is not registered yet (ringtrain.cli.run)")
     argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2",
             sys.executable, "-m", "ringtrain", "check", "--sizes", "4K", "--iterations", "1"]
     result = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=CHECK_TIMEOUT)

@@ -58,13 +58,6 @@ def script_interpreter_flags() -> list[str]:
     return ["--python", sys.executable]
 
 
-def ringtrain_has_command(name: str) -> bool:
-    """True when ``ringtrain NAME`` is a registered subcommand (others may land it later)."""
-    from ringtrain.cli.main import COMMANDS
-
-    return name in COMMANDS
-
-
 def ringtrain_has_collectives() -> bool:
     """True when ringtrain's Horovod-compatible collectives can be imported."""
     import importlib

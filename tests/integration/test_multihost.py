@@ -21,7 +21,6 @@ from tests.integration.system import (
     SHARED_DATA,
     clean_env,
     ringtrain_argv,
-    ringtrain_has_command,
     skip_unless_collectives,
     wait_for,
 )
@@ -37,8 +36,6 @@ MNIST = SHARED_DATA / "mnist"
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
     """The namespace hosts, once ringtrain can launch and reduce across them."""
-    if not ringtrain_has_command("run"):
-        pytest.skip("`ringtrain run` is not registered yet (ringtrain.cli.run)")
     skip_unless_collectives()
     if not (MNIST / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"real MNIST not found under {MNIST} (the shared data folder beside the repo)")

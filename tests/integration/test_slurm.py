@@ -12,7 +12,6 @@ import pytest
 from tests.integration.slurm import SlurmCluster
 from tests.integration.system import (
     ringtrain_argv,
-    ringtrain_has_command,
     script_interpreter_flags,
     skip_unless_collectives,
 )
@@ -36,8 +35,6 @@ def test_srun_check_takes_ranks_from_slurm(slurm_cluster: SlurmCluster) -> None:
 
 
 def test_generated_slurm_script_runs_with_sbatch(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    if not ringtrain_has_command("script"):
-        pytest.skip("`ringtrain script` is not registered yet (ringtrain.cli.script)")
     skip_unless_collectives()
     generated = slurm_cluster.run(
         ringtrain_argv("script", "slurm", "--nodes", "1", "--procs-per-node", "2",
