@@ -1,10 +1,15 @@
-"""The package's imports run one way, down these layers (DESIGN.md, "Layering"):
+"""The package's imports run one way, down these layers (docs/architecture.md, "Layers"):
 
     cli -> bench -> train / check -> workloads -> launch -> shim -> ray / spark -> the Horovod API
     -> engine -> env
 
 ``ringtrain.exceptions`` is at the bottom, usable from anywhere. Imports are read from the source
 with ``ast``, those inside functions included: a lazy import that goes upward is a cycle in disguise.
+
+Inside a layer, no two modules import each other, lazily or not; nor do two packages or modules that
+sit side by side in one package (``ringtrain.ops`` and ``ringtrain.process_sets``, say), through any
+of their modules, at import time. Between such siblings an import inside a function is the way to
+defer one that must go back.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("spark", 33, ("ringtrain.spark",)),
     ("api", 30, ("ringtrain.mpi_ops", "ringtrain.optimizer", "ringtrain.functions", "ringtrain.compression",
                  "ringtrain.elastic", "ringtrain.process_sets", "ringtrain.sync_batch_norm", "ringtrain.ops",
-                 "ringtrain.optimizer_names", "ringtrain.adasum_optimizer", "ringtrain.overlap")),
+                 "ringtrain.op_requests", "ringtrain.optimizer_names", "ringtrain.adasum_optimizer",
+                 "ringtrain.overlap")),
     ("engine", 20, ("ringtrain.engine",)),
     ("env", 10, ("ringtrain.env",)),
     ("exceptions", 0, ("ringtrain.exceptions",)),
@@ -67,11 +73,32 @@ def all_modules() -> dict[str, Path]:
 MODULES = all_modules()
 
 
+def _type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``: true for type checkers only."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_at_import(tree: ast.Module) -> Iterator[ast.AST]:
+    """The nodes that run when the module is imported: not function bodies, nor ``if TYPE_CHECKING:``."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def imports_of(name: str, path: Path, module_level_only: bool = False) -> Iterator[tuple[str, int]]:
-    """(imported ringtrain module, line) for every import in ``path``, at any depth."""
+    """(imported ringtrain module, line) for every import in ``path``, at any depth; with
+    ``module_level_only``, those that run when the module is imported (none inside a function)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    nodes = tree.body if module_level_only else ast.walk(tree)
+    nodes = _run_at_import(tree) if module_level_only else ast.walk(tree)
     for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -163,6 +190,60 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_no_import_circle() -> None:
     found = [sorted(c) for c in circles(import_graph()) if c not in ALLOWED_CIRCLES]
     assert found == [], f"modules that import each other (lazy imports included): {found}"
+
+
+def packages() -> list[str]:
+    return sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+
+
+def sibling_graph(package: str) -> dict[str, set[str]]:
+    """The modules and subpackages directly in ``package``, each standing for all of its modules ->
+    the siblings they import when imported (imports inside functions left out)."""
+    depth = package.count(".") + 1
+
+    def sibling(module: str) -> str | None:
+        if not module.startswith(package + "."):
+            return None
+        return ".".join(module.split(".")[: depth + 1])
+
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        source = sibling(name)
+        if source is None:
+            continue
+        graph.setdefault(source, set())
+        for target, _ in imports_of(name, path, module_level_only=True):
+            other = sibling(target) if ours(target) else None
+            if other is not None and other != source:
+                graph[source].add(other)
+    return graph
+
+
+@pytest.mark.parametrize("package", packages())
+def test_no_import_circle_between_siblings(package: str) -> None:
+    found = [sorted(c) for c in circles(sibling_graph(package)) if c not in ALLOWED_CIRCLES]
+    assert found == [], (
+        f"modules or packages of {package} that import each other at import time (through any of their "
+        f"modules; defer one import into a function, or move what both need below them): {found}"
+    )
+
+
+def test_the_sibling_graph_stands_a_package_for_its_modules() -> None:
+    graph = sibling_graph("ringtrain")
+    assert "ringtrain.engine" in graph["ringtrain.ops"]  # ringtrain.ops.* imports ringtrain.engine.*
+    assert "ringtrain.engine.state" not in graph["ringtrain.ops"]
+    assert all(not t.startswith("ringtrain.ops.") for t in graph.get("ringtrain.mpi_ops", ()))
+    # an import under "if TYPE_CHECKING:" does not run, one inside a function runs later
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import a\nelse:\n    import b\n"
+        "def f():\n    import c\n"
+        "class K:\n    import d\n"
+        "try:\n    import e\nexcept ImportError:\n    pass\n"
+    )
+    nodes = _run_at_import(ast.parse(source))
+    run = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    assert run == {"b", "d", "e"}
 
 
 def test_the_circle_finder_finds_circles() -> None:

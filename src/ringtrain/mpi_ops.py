@@ -12,6 +12,19 @@ importable from here too, as from Horovod's ``mpi_ops``, without being in ``__al
 from __future__ import annotations
 
 from ringtrain.exceptions import HorovodInternalError
+from ringtrain.op_requests import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    poll,
+    synchronize,
+)
+from ringtrain.op_requests import (
+    handle_average_backwards_compatibility as handle_average_backwards_compatibility,
+)
 from ringtrain.ops.allgather import HorovodAllgather as HorovodAllgather
 from ringtrain.ops.allgather import HorovodGroupedAllgather as HorovodGroupedAllgather
 from ringtrain.ops.allgather import (
@@ -69,19 +82,6 @@ from ringtrain.ops.reducescatter import (
     grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
-)
-from ringtrain.ops.requests import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    poll,
-    synchronize,
-)
-from ringtrain.ops.requests import (
-    handle_average_backwards_compatibility as handle_average_backwards_compatibility,
 )
 from ringtrain.ops.sparse import sparse_allreduce_async
 from ringtrain.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set

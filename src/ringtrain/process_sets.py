@@ -11,7 +11,7 @@ from typing import Any
 
 from ringtrain.engine import state
 from ringtrain.engine.requests import OpType
-from ringtrain.ops.requests import control_op
+from ringtrain.op_requests import control_op
 
 
 class ProcessSet:

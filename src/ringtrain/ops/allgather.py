@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine.requests import OpType
-from ringtrain.ops.allreduce import allreduce, grouped_allreduce
-from ringtrain.ops.requests import (
+from ringtrain.op_requests import (
     MOVE_DTYPES,
     Average,
     all_outputs,
@@ -18,6 +17,7 @@ from ringtrain.ops.requests import (
     run_sync,
     submit,
 )
+from ringtrain.ops.allreduce import allreduce, grouped_allreduce
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 

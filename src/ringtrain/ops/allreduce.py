@@ -10,7 +10,7 @@ import torch
 from ringtrain.compression import Compression
 from ringtrain.engine.adasum import DTYPES as ADASUM_DTYPES
 from ringtrain.engine.requests import OpType
-from ringtrain.ops.requests import (
+from ringtrain.op_requests import (
     REDUCE_DTYPES,
     Adasum,
     Average,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine.requests import OpType, Request
-from ringtrain.ops.requests import MOVE_DTYPES, check_tensor, run_sync, set_members, submit
+from ringtrain.op_requests import MOVE_DTYPES, check_tensor, run_sync, set_members, submit
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 

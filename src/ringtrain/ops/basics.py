@@ -17,7 +17,7 @@ from ringtrain.engine.world_rendezvous import rendezvous
 from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.exceptions import ElasticWorkerExit, SettingError
-from ringtrain.ops.requests import control_op, synchronize
+from ringtrain.op_requests import control_op, synchronize
 from ringtrain.process_sets import ProcessSet, global_process_set, register_static
 
 _atexit_registered = False

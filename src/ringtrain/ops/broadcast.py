@@ -8,9 +8,9 @@ import torch
 
 from ringtrain.engine import state
 from ringtrain.engine.requests import OpType
+from ringtrain.op_requests import MOVE_DTYPES, Average, check_tensor, first_output, run_sync, submit
 from ringtrain.ops.allreduce import allreduce
 from ringtrain.ops.basics import rank
-from ringtrain.ops.requests import MOVE_DTYPES, Average, check_tensor, first_output, run_sync, submit
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 

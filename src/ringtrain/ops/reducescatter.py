@@ -10,8 +10,7 @@ import torch
 from ringtrain.compression import Compression
 from ringtrain.engine.requests import OpType
 from ringtrain.exceptions import HorovodInternalError
-from ringtrain.ops.allgather import allgather, grouped_allgather
-from ringtrain.ops.requests import (
+from ringtrain.op_requests import (
     REDUCE_DTYPES,
     Average,
     Sum,
@@ -21,6 +20,7 @@ from ringtrain.ops.requests import (
     run_sync,
     submit,
 )
+from ringtrain.ops.allgather import allgather, grouped_allgather
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from ringtrain.engine import state
+from ringtrain.op_requests import Average, Sum, synchronize
 from ringtrain.ops.allgather import allgather_async
-from ringtrain.ops.requests import Average, Sum, synchronize
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 

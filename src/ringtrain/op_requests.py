@@ -2,8 +2,9 @@
 
 Every op family builds its requests with :func:`submit`; :func:`poll` and :func:`synchronize` wait on
 the handles. Requests are matched across ranks by name (``allreduce.<name>``,
-``allreduce.noname.<handle>`` when unnamed), not by call order. Nothing here imports
-:mod:`ringtrain.process_sets`, which builds its own control requests on these helpers.
+``allreduce.noname.<handle>`` when unnamed), not by call order. The op families of
+:mod:`ringtrain.ops` use these helpers, and so does :mod:`ringtrain.process_sets`, which builds its own
+control requests on them; nothing here imports either.
 """
 
 from __future__ import annotations
