@@ -232,7 +232,7 @@ def test_a_ray_job_travels_in_the_ranks_command_not_in_a_file_of_this_machine(mo
     from ringtrain.launch import ray_driver
 
     seen = []
-    monkeypatch.setattr(ray_driver, "launch_on_ray", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(ray_driver, "launch_on_ray", lambda config, environ=None: seen.append(config) or 0)
     job = TrainJob(workload="mnist", trainer=QUICK.replace(threads=2), nproc=2, subset=64,
                    ray="10.0.0.1:6379", node_launch={"num_proc": 2, "nproc_per_node": 1})
     assert launch_job(job) == 0

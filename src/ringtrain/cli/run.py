@@ -531,10 +531,6 @@ def run_command(args: argparse.Namespace) -> int:
         # what the ranks would each find later (a timeline they cannot write) is refused here, once
         for warning in before_launch(config, oversubscribe=bool(args.oversubscribe)):
             print(f"ringtrain run: warning: {warning}", file=sys.stderr, flush=True)
-    if config.ray is not None and not config.check_build:
-        from ringtrain.launch.ray_driver import launch_on_ray
-
-        return launch_on_ray(config)
     return launch(config)
 
 

@@ -212,7 +212,7 @@ def run_train(args: argparse.Namespace) -> int:
     ray = None
     if args.ray is not None:
         from ringtrain.cli.run import ray_address
-        from ringtrain.launch.ray_driver import require_ray
+        from ringtrain.launch.prechecks import require_ray
 
         ray = ray_address(args.ray, f"ringtrain train {args.workload} --ray -np 2")
         require_ray()

@@ -120,9 +120,11 @@ def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if config.check_build:
         print(check_build())
         return 0
-    if config.ray is not None:  # the Ray driver stands on this one (ray_driver.py imports it)
-        raise UsageError("a --ray job is launched by ringtrain.launch.ray_driver.launch_on_ray. HINT: call "
-                         "that, or leave --ray out.")
+    if config.ray is not None:
+        # Ray's driver builds on this module's (ray_driver.py imports it), and loads only for --ray
+        from ringtrain.launch.ray_driver import launch_on_ray
+
+        return launch_on_ray(config, environ)
     prepare(config, environ)
     if config.elastic:
         from ringtrain.launch.elastic_driver import launch_elastic

@@ -26,6 +26,18 @@ TIMELINE = "HOROVOD_TIMELINE"
 OVERSUBSCRIBE_VARIABLE = "RINGTRAIN_OVERSUBSCRIBE"
 
 
+#: The one line a missing ``ray`` package gets.
+NO_RAY = "--ray needs Ray, which is not installed here. HINT: pip install 'ringtrain[ray]'"
+
+
+def require_ray() -> None:
+    """A usage error (exit 2) naming the pip command when the ``ray`` package cannot be imported."""
+    try:
+        import ray  # noqa: F401 - imported for the check; the job imports it again where used
+    except ImportError:
+        raise UsageError(NO_RAY) from None
+
+
 def check_device(device: str | None, flag: str = "--device") -> None:
     """Refuse ``cuda`` where torch sees no CUDA device (UsageError naming the fix)."""
     if device != "cuda":

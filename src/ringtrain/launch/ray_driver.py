@@ -38,20 +38,10 @@ from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.places.ray import RayGroup
 from ringtrain.launch.places.ray_bridged import BridgedRayGroup
 from ringtrain.launch.plan import HostsPlan
+from ringtrain.launch.prechecks import require_ray
 from ringtrain.launch.ray_actor import agent_actor
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
-
-#: The one line a missing ``ray`` package gets.
-NO_RAY = "--ray needs Ray, which is not installed here. HINT: pip install 'ringtrain[ray]'"
-
-
-def require_ray() -> None:
-    """A usage error (exit 2) naming the pip command when the ``ray`` package cannot be imported."""
-    try:
-        import ray  # noqa: F401 - imported for the check; the job imports it again where used
-    except ImportError:
-        raise UsageError(NO_RAY) from None
 
 
 @dataclass

@@ -475,13 +475,10 @@ def _launch(job: TrainJob) -> int:
         config = LaunchConfig(command=command, max_restarts=job.max_restarts, min_np=job.min_np,
                               max_np=job.max_np, host_discovery_script=job.host_discovery_script, **settings)
         if job.ray is not None:
-            from ringtrain.launch.ray_driver import launch_on_ray
-
             # each rank's share of its Ray node: the threads it will run (1 unless --threads says more)
-            code = launch_on_ray(dataclasses.replace(config, ray=job.ray,
-                                                     ray_cpus_per_rank=float(job.trainer.threads or 1)))
-        else:
-            code = launch(config)
+            config = dataclasses.replace(config, ray=job.ray,
+                                         ray_cpus_per_rank=float(job.trainer.threads or 1))
+        code = launch(config)
         messages = sorted(errors.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
         note = errors / NOTE_NAME
         if code != 0 and note.exists():  # the ranks stopped for a signal, their snapshot written
