@@ -39,11 +39,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paired import bootstrap_ci  # noqa: E402
-from process_cpu import ROLES, CpuAccount  # noqa: E402
-from results_io import write_results  # noqa: E402
+from paired import bootstrap_ci
+from process_cpu import ROLES, CpuAccount
+from results_io import write_results
 
-from ringtrain.bench.machine import describe_machine  # noqa: E402
+from ringtrain.bench.machine import describe_machine
 
 
 def throughput(address: str | None, args: argparse.Namespace, folder: Path,

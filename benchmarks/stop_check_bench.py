@@ -26,10 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paired import bootstrap_ci  # noqa: E402
-from results_io import write_results  # noqa: E402
+from paired import bootstrap_ci
+from results_io import write_results
 
-from ringtrain.bench.machine import describe_machine  # noqa: E402
+from ringtrain.bench.machine import describe_machine
 
 
 def train_seconds(strategy: str, check: bool, args: argparse.Namespace, folder: Path) -> float:

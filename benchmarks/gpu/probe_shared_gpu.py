@@ -45,7 +45,7 @@ def _try(results: dict[str, str], name: str, fn: Any) -> None:
     try:
         fn()
         results[name] = "ok"
-    except Exception as exc:  # noqa: BLE001 - every outcome is a finding
+    except Exception as exc:  # every outcome is a finding
         results[name] = _first_line(exc)
 
 
@@ -110,7 +110,7 @@ def _rank(rank: int, port: int, backend: str, device_kind: str, queue: Any) -> N
             for name, fn in (("broadcast", broadcast), ("allgather", allgather), ("alltoall_base", alltoall),
                              ("reduce_scatter", reduce_scatter)):
                 _try(results, name, fn)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         results["setup"] = _first_line(exc)
         results["traceback"] = traceback.format_exc()[-2000:]
     queue.put((rank, results))
@@ -130,7 +130,7 @@ def probe(backend: str, device_kind: str) -> dict[str, Any]:
         for _ in procs:
             rank, results = queue.get(timeout=PROBE_TIMEOUT_S)
             found[rank] = results
-    except Exception:  # noqa: BLE001 - queue.Empty: a rank hung
+    except Exception:  # queue.Empty: a rank hung
         pass
     for proc in procs:
         proc.join(5)

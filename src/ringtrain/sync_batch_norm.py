@@ -111,17 +111,17 @@ class SyncBatchNorm(_BatchNorm):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_set = process_set
 
-    def _check_input_dim(self, input: torch.Tensor) -> None:  # noqa: A002 - torch's name
+    def _check_input_dim(self, input: torch.Tensor) -> None:  # torch's name
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def _run_bn(self, input: torch.Tensor, factor: float) -> torch.Tensor:  # noqa: A002
+    def _run_bn(self, input: torch.Tensor, factor: float) -> torch.Tensor:
         use_batch = self.training or self.running_mean is None
         keep = not self.training or self.track_running_stats
         return F.batch_norm(input, self.running_mean if keep else None, self.running_var if keep else None,
                             self.weight, self.bias, use_batch, factor, self.eps)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Normalize with global-batch statistics in training mode, running statistics otherwise."""
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-import torch.nn.functional as F  # noqa: N812 - the examples' spelling
+import torch.nn.functional as F  # the examples' spelling
 from torch import nn
 
 from ringtrain.workloads.idx import read_idx

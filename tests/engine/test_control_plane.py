@@ -30,7 +30,7 @@ def _per_rank(fn, ranks) -> dict[int, object]:
     def run(rank: int) -> None:
         try:
             out[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             out[rank] = exc
 
     threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
@@ -138,7 +138,7 @@ def _start(store, rank: int, size: int, planes: dict, secret: str | None = SECRE
         try:
             planes[rank] = cp.ControlPlane.connect(store, rank, size, "127.0.0.1", timeout_s, 30.0,
                                                    secret=secret, bind_host="127.0.0.1", scope="test/gen1")
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             planes[rank] = exc
 
     thread = threading.Thread(target=connect)

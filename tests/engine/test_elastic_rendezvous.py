@@ -52,7 +52,7 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     def run() -> None:
         try:
             out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             out.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)

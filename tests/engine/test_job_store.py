@@ -182,7 +182,7 @@ def test_prefix_store_and_a_gloo_group_run_on_it(server):
             tensor = torch.tensor([float(r + 1)])
             group.allreduce([tensor]).wait()
             results[r] = tensor.item()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             results[r] = exc
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
@@ -207,7 +207,7 @@ def test_a_client_waits_for_a_server_that_starts_later():
             client = job_store.JobStore(f"127.0.0.1:{port}", SECRET, timeout=60.0)
             result["value"] = client.get("k")
             client.close()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             result["value"] = exc
 
     thread = threading.Thread(target=connect)

@@ -66,7 +66,7 @@ def _stall_shutdown() -> str:
             hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="never"))
         message = str(info.value)
     else:
-        with pytest.raises(HorovodInternalError):  # noqa: PT012 - the engine stops on its own
+        with pytest.raises(HorovodInternalError):  # the engine stops on its own
             for i in range(150):
                 time.sleep(0.2)
                 hvd.allreduce_async(torch.ones(1), name=f"probe{i}")

@@ -246,7 +246,7 @@ def _hijacked_pair(secret: str | None) -> dict[int, object]:
                             scope="test")
         try:
             results[r] = world_rendezvous.make_gloo_group(world, "g", [0, 1], timeout_s=5.0)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             results[r] = exc
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
@@ -299,7 +299,7 @@ def test_members_with_another_secret_fail_the_gloo_check():
                             secret=("a" if r == 0 else "b") * 64, scope="test")
         try:
             results[r] = world_rendezvous.make_gloo_group(world, "g", [0, 1], timeout_s=30.0)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             results[r] = exc
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.engine import job_store  # noqa: E402
-from ringtrain.env import detect_environment  # noqa: E402
-from ringtrain.ray import coordinator as coordinator_module  # noqa: E402
-from ringtrain.ray.coordinator import Coordinator, detect_nics, nics_to_env_var  # noqa: E402
-from ringtrain.shim import SHIM_DIR  # noqa: E402
+from ringtrain.engine import job_store
+from ringtrain.env import detect_environment
+from ringtrain.ray import coordinator as coordinator_module
+from ringtrain.ray.coordinator import Coordinator, detect_nics, nics_to_env_var
+from ringtrain.shim import SHIM_DIR
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.ray.ranks import WorkerNode, assign_ranks, places_of_ranks, worker_environ  # noqa: E402
+from ringtrain.ray.ranks import WorkerNode, assign_ranks, places_of_ranks, worker_environ
 
 A, B, C = (WorkerNode(f"node{n}", f"10.0.0.{n}", f"host{n}") for n in (1, 2, 3))
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.ray import ray_logger  # noqa: E402
+from ringtrain.ray import ray_logger
 
 
 class Collect:

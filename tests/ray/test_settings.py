@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.ray.settings import create_settings  # noqa: E402
+from ringtrain.ray.settings import create_settings
 
 
 def test_defaults_and_values() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[test,ray,spark]')")
 
-from ringtrain.spark.places import assign_places, host_of, rank_environ  # noqa: E402
+from ringtrain.spark.places import assign_places, host_of, rank_environ
 
 
 @pytest.mark.parametrize(("address", "host"), [

@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[test,ray,spark]')")
 
-import ringtrain.spark  # noqa: E402
-from ringtrain.spark import RankFailedError  # noqa: E402
-from tests.spark.jvm import QUICK_JVM_OPTIONS  # noqa: E402
+import ringtrain.spark
+from ringtrain.spark import RankFailedError
+from tests.spark.jvm import QUICK_JVM_OPTIONS
 
 
 def test_bad_arguments_are_refused_before_spark_is_asked() -> None:

@@ -50,7 +50,7 @@ def write_ratings(path: Path, rows: list[tuple[int, int, float]], newline: str =
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     requests: list[str]
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base signature
+    def log_message(self, format: str, *args: object) -> None:  # the base signature
         pass
 
     def do_GET(self) -> None:

@@ -97,7 +97,7 @@ def time_step(workload: Any, train_ds: Any, model: Any, batch: int, threads: int
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         phases = time_phases(model, optimizer, workload.loss(), features, targets, repeats=2)
         return sum(phases.values())
-    except Exception:  # noqa: BLE001 - an estimate must never stop the sweep
+    except Exception:  # an estimate must never stop the sweep
         return None
     finally:
         torch.set_num_threads(before)

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         watchdog.current = "init"
         try:
             hvd.init(process_sets="dynamic")  # the link measurements pair up hosts in process sets
-        except Exception as exc:  # noqa: BLE001 - a job that cannot start is the finding to report
+        except Exception as exc:  # a job that cannot start is the finding to report
             print(f"ringtrain check: rank {placement.rank}: FAIL init ({where}): {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             return EXIT_FAILED
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             watchdog.current = "bandwidth sweep"
             try:
                 report.bandwidth = checks.measure_allreduce_bandwidth(hvd, device, sizes, args.iterations)
-            except Exception as exc:  # noqa: BLE001 - reported like any other failed check
+            except Exception as exc:  # reported like any other failed check
                 report.results.append(checks.CheckResult("bandwidth", False,
                                                          f"raised {type(exc).__name__}: {exc}"))
         watchdog.current = "hosts"
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             if sizes and len(report.hosts) > 1:
                 report.links = checks.measure_links(hvd, report.sites, max(sizes), args.iterations, progress)
             report.warnings = checks.host_warnings(report.sites)
-        except Exception as exc:  # noqa: BLE001 - reported like any other failed check
+        except Exception as exc:  # reported like any other failed check
             report.results.append(checks.CheckResult("hosts", False, f"raised {type(exc).__name__}: {exc}"))
         watchdog.current = "verdict"
         total_failures = checks.count_failures_everywhere(hvd, len(report.failures))

@@ -260,7 +260,7 @@ class Engine:
             return None
         try:
             state = self._round()
-        except Exception as exc:  # noqa: BLE001 - any failure must reach every waiting handle
+        except Exception as exc:  # any failure must reach every waiting handle
             with self._cv:
                 if self.broken is None:  # the heartbeats may have said why first
                     self.broken = self._collective_failed(exc)

@@ -38,10 +38,12 @@ class EngineGroups:
         # it needs the round timeout. Otherwise it runs data collectives of the global set, which wait
         # at most HOROVOD_GLOO_TIMEOUT_SECONDS for a peer, as gloo operations do in Horovod.
         ctrl_timeout = settings.gloo_timeout_s if mode == "tcp" else round_timeout
-        self.ctrl = make_gloo_group(
+        ctrl = make_gloo_group(
             world, "control", list(range(self.size)), ctrl_timeout, settings.gloo_socket_ifname,
             setup_timeout_s=settings.gloo_timeout_s,
         )
+        assert ctrl is not None, "every rank is a member of the control group"
+        self.ctrl = ctrl
         self.plane = self._connect_plane(mode, round_timeout)
         large = self._agree("ctrl/cpu_allreduce", lambda: settings.cpu_allreduce) if self.plane else "gloo"
         #: CPU allreduces too large for the mesh run as a ring over the plane (else on gloo).
@@ -111,7 +113,7 @@ class EngineGroups:
                 continue
             try:
                 end()
-            except Exception:  # noqa: BLE001 - the job is ending either way; the group's error is not its cause
+            except Exception:  # the job is ending either way; the group's error is not its cause
                 log.debug("closing the NCCL group of set %d failed", groups.set_id, exc_info=True)
 
     def is_homogeneous(self) -> bool:
@@ -120,7 +122,9 @@ class EngineGroups:
         if self.size == 1:
             return True
         out = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
-        liveness.wait_on_group(self.ctrl.allgather([out], [mine]), self.ctrl, self.abort)
+        # torch's stubs give Backend (ProcessGroupGloo's base) none of the collectives it has
+        gathered = self.ctrl.allgather([out], [mine])  # type: ignore[attr-defined]
+        liveness.wait_on_group(gathered, self.ctrl, self.abort)
         return len({int(t.item()) for t in out}) == 1
 
     def _mode(self) -> str:

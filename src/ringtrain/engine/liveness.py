@@ -164,7 +164,7 @@ def wait_for_keys(store: Any, keys: Sequence[str], timeout_s: float, waiting_for
                 "one did not), or raise HOROVOD_GLOO_TIMEOUT_SECONDS for slow starts.")
         try:
             store.wait(missing, datetime.timedelta(seconds=min(step, left)))
-        except Exception:  # noqa: BLE001 - the store's timeout error; the loop says who is missing
+        except Exception:  # the store's timeout error; the loop says who is missing
             log.warning("rank %d: still waiting for %s (%.0f s left of HOROVOD_GLOO_TIMEOUT_SECONDS)",
                         rank, waiting_for(missing), max(0.0, deadline - time.monotonic()))
 
@@ -303,7 +303,7 @@ class Heartbeats:
                     self._check(time.monotonic())
                 with contextlib.suppress(OSError, ValueError):
                     select.select([self._sock], [], [], max(0.0, next_beat - time.monotonic()))
-        except Exception:  # noqa: BLE001 - a broken watcher must not take the rank down
+        except Exception:  # a broken watcher must not take the rank down
             log.debug("heartbeat thread failed", exc_info=True)
         finally:
             self._sock.close()

@@ -71,7 +71,7 @@ class Placement:
         for actor in self.actors:
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - an actor whose node is gone is not there to kill
+            except Exception:  # an actor whose node is gone is not there to kill
                 pass
         cluster.release(self.reservation)
 
@@ -107,7 +107,7 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
         return 1
     except UsageError:
         raise
-    except Exception as exc:  # noqa: BLE001 - Ray's errors of actors that did not come up, said in one line
+    except Exception as exc:  # Ray's errors of actors that did not come up, said in one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         print(f"ringtrain run: error: the node agents' actors did not start on the Ray cluster "
               f"({type(exc).__name__}: {first}). HINT: install the same ringtrain (and torch) on every Ray "

@@ -74,7 +74,7 @@ class RayHosts:
 
         try:
             listing = ray.nodes()
-        except Exception as exc:  # noqa: BLE001 - Ray's errors of a cluster that went away, in one line
+        except Exception as exc:  # Ray's errors of a cluster that went away, in one line
             raise DiscoveryError(f"the Ray cluster did not answer ray.nodes(): {type(exc).__name__}: "
                                  f"{(str(exc).strip().splitlines() or [''])[0]}") from None
         with self._lock:
@@ -132,7 +132,7 @@ class RayHosts:
         for group in ended:
             try:
                 ray.kill(group.actor)
-            except Exception:  # noqa: BLE001 - an actor whose node is gone is not there to kill
+            except Exception:  # an actor whose node is gone is not there to kill
                 pass
 
     def release(self) -> None:
@@ -144,7 +144,7 @@ class RayHosts:
         for group in groups:
             try:
                 ray.kill(group.actor)
-            except Exception:  # noqa: BLE001 - an actor whose node is gone is not there to kill
+            except Exception:  # an actor whose node is gone is not there to kill
                 pass
 
 

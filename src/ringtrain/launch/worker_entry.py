@@ -110,7 +110,7 @@ def run_python(argv: Sequence[str]) -> int:
         elif argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
             sys.path.insert(0, "")
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = list(argv)
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))

@@ -200,7 +200,7 @@ def nccl_built() -> int:
         if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
             return 0
         version = torch.cuda.nccl.version()
-    except Exception:  # noqa: BLE001 - any failure means "not usable"
+    except Exception:  # any failure means "not usable"
         return 0
     if isinstance(version, tuple):
         major, minor, patch = (list(version) + [0, 0, 0])[:3]

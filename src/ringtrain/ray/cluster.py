@@ -187,7 +187,7 @@ def release(reservation: Reservation | None) -> None:
     if reservation is not None and reservation.owned:
         try:
             remove_placement_group(reservation.group)
-        except Exception:  # noqa: BLE001 - the cluster may be gone already; nothing left to free then
+        except Exception:  # the cluster may be gone already; nothing left to free then
             pass
 
 

@@ -272,7 +272,7 @@ class RayExecutor:
         for worker in self.workers:
             try:
                 ray.kill(worker)
-            except Exception:  # noqa: BLE001 - dead already, or the cluster is gone
+            except Exception:  # dead already, or the cluster is gone
                 pass
         self.workers = []
         self._places = []
@@ -379,7 +379,7 @@ def _failure(ref: Any) -> BaseException | None:
 
     try:
         ray.get(ref, timeout=0)
-    except Exception as exc:  # noqa: BLE001 - the caller sorts actor deaths from the user's errors
+    except Exception as exc:  # the caller sorts actor deaths from the user's errors
         return exc
     return None
 

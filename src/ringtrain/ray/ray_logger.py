@@ -94,12 +94,12 @@ class CallbackRelay:
                 if self._done.is_set():
                     return
                 continue
-            except Exception:  # noqa: BLE001 - the queue's actor went away (the cluster is ending)
+            except Exception:  # the queue's actor went away (the cluster is ending)
                 return
             if self.error is None:
                 try:
                     call_each(self.callbacks, value)
-                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by close()
+                except BaseException as exc:  # raised on the caller's thread by close()
                     self.error = exc
 
     def close(self) -> None:
@@ -165,7 +165,7 @@ class StoreRelay:
             if self.error is None:
                 try:
                     call_each(self.callbacks, value)
-                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by close()
+                except BaseException as exc:  # raised on the caller's thread by close()
                     self.error = exc
 
     def _watch(self) -> None:

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         store.set(f"{job}/host/{rank}", socket.gethostname())
         value = fn(*args, **kwargs)
         data = cloudpickle.dumps(("ok", value))
-    except BaseException as exc:  # noqa: BLE001 - every failure of the rank goes back to the driver
+    except BaseException as exc:  # every failure of the rank goes back to the driver
         summary, text = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         if store is not None:
             try:
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
                 # mostly fail because it left
                 order = store.add(f"{job}/errors", 1)
                 store.set(f"{job}/error/{rank}", f"{order}\n{summary}\n{text}")
-            except Exception:  # noqa: BLE001 - the driver is gone too; the task's own error remains
+            except Exception:  # the driver is gone too; the task's own error remains
                 pass
         result.write_bytes(cloudpickle.dumps(("error", summary, text)))
         sys.stderr.write(text)
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _job_store():  # noqa: ANN202 - torch is imported here, in the rank, never in Spark's worker
+def _job_store():  # torch is imported here, in the rank, never in Spark's worker
     from ringtrain.engine import job_store
     from ringtrain.engine.settings import read_knob
 

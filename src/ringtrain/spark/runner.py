@@ -183,7 +183,7 @@ def _import_probe() -> Callable[[Any], tuple[str, str]]:
 
         try:
             import ringtrain  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - whatever stops the import is the answer
+        except Exception as exc:  # whatever stops the import is the answer
             return executor_sys.executable, f"{type(exc).__name__}: {exc}"
         return executor_sys.executable, ""
 
@@ -200,7 +200,7 @@ def check_executor_python(sc: Any) -> None:
     executable, problem = "", ""
     try:
         executable, problem = sc.parallelize([0], 1).map(_import_probe()).collect()[0]
-    except Exception as exc:  # noqa: BLE001 - Spark wraps a worker that cannot start in a Java error
+    except Exception as exc:  # Spark wraps a worker that cannot start in a Java error
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         cause = next((line for line in lines if "Error" in line and not line.startswith("at ")), lines[0]
                      if lines else type(exc).__name__)
@@ -223,7 +223,7 @@ def task_slots(sc: Any) -> int | None:
         jsc = sc._jsc.sc()
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # noqa: BLE001 - a private Spark API: absent or changed in other versions
+    except Exception:  # a private Spark API: absent or changed in other versions
         return None
 
 
@@ -311,7 +311,7 @@ class _Watch:
             self.sc.setJobGroup(self.job, f"ringtrain.spark.run: {self.size} ranks", interruptOnCancel=True)
             rdd = self.sc.parallelize(range(self.size), self.size)
             self._records = rdd.barrier().mapPartitions(task).collect()
-        except BaseException as exc:  # noqa: BLE001 - handed to the watching thread
+        except BaseException as exc:  # handed to the watching thread
             self._error = exc
 
     def _progress(self) -> dict[str, int]:
@@ -389,7 +389,7 @@ class _Watch:
     def _cancel(self) -> None:
         try:
             self.sc.cancelJobGroup(self.job)
-        except Exception:  # noqa: BLE001 - the context may be stopping; nothing is left to cancel then
+        except Exception:  # the context may be stopping; nothing is left to cancel then
             pass
 
 
@@ -416,7 +416,7 @@ def _executors(sc: Any) -> dict[str, _Executor]:
             text = str(reason.get()) if reason.isDefined() else ""
             host = str(summary.hostPort()).rsplit(":", 1)[0]
             found[str(summary.id())] = _Executor(str(summary.id()), host, bool(summary.isActive()), text)
-    except Exception:  # noqa: BLE001 - a private Spark API, or a stopped context: nothing to compare then
+    except Exception:  # a private Spark API, or a stopped context: nothing to compare then
         return {}
     return found
 

@@ -95,7 +95,7 @@ def agreed(sum_fn: SumFn, rank: int, world_size: int, what: str) -> Iterator[Non
     failure: BaseException | None = None
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - every failure is agreed on; KeyboardInterrupt is not
+    except Exception as exc:  # every failure is agreed on; KeyboardInterrupt is not
         # when it failed, before the others heard of it: the root-cause report names this rank first
         exc.failed_at = time.time()  # type: ignore[attr-defined]
         failure = exc

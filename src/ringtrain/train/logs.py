@@ -52,7 +52,7 @@ class MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional
-            SummaryWriter = None  # noqa: N806
+            SummaryWriter = None
         if SummaryWriter is not None:
             self._writer = SummaryWriter(log_dir=str(self.folder))
 

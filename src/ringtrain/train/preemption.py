@@ -36,7 +36,7 @@ WALLTIME_CODE = 1000
 NOTE_NAME = "preempted.txt"
 
 
-class Preempted(Exception):  # noqa: N818 - not an error: the job stopped on request, resumably
+class Preempted(Exception):  # not an error: the job stopped on request, resumably
     """Every rank stopped after optimizer step ``step`` for ``signal_name``; ``snapshot`` was written then
     (None without a snapshot folder)."""
 

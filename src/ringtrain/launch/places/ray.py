@@ -115,7 +115,7 @@ class RayGroup(RelayedGroup):
         while True:
             try:
                 lines, code = ray.get(self.actor.output.remote())
-            except Exception as exc:  # noqa: BLE001 - Ray's actor errors: the node or the process went
+            except Exception as exc:  # Ray's actor errors: the node or the process went
                 # "unavailable" may pass (a blip of the network): asked again for a few seconds first
                 failing_since = failing_since or time.monotonic()
                 if isinstance(exc, ActorUnavailableError) and self._killed_at is None \
@@ -145,7 +145,7 @@ class RayGroup(RelayedGroup):
 
         try:
             return any(n.get("NodeID") == self.node.get("node_id") and n.get("Alive") for n in ray.nodes())
-        except Exception:  # noqa: BLE001 - the cluster itself may be gone
+        except Exception:  # the cluster itself may be gone
             return True
 
     def _end(self, code: int) -> None:
