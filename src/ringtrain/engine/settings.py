@@ -61,14 +61,6 @@ class Number:
             raise knob.refuse(text, "is out of range")
         return int(value) if self.whole else value
 
-    def bad_examples(self) -> list[str]:
-        examples = ["many", "nan", "inf", f"{self.minimum - 5:g}"]
-        if self.above:
-            examples.append(f"{self.minimum:g}")
-        if self.whole:
-            examples.append(f"{self.minimum + 2.5:g}")
-        return examples
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -90,9 +82,6 @@ class Choice:
         if value not in self.options:
             raise knob.refuse(text, "is not a known choice")
         return value
-
-    def bad_examples(self) -> list[str]:
-        return ["mpi", ",".join(self.options)]
 
 
 @dataclass(frozen=True)
@@ -118,9 +107,6 @@ class Switch:
         except ValueError:
             raise knob.refuse(text, "is not a switch") from None
 
-    def bad_examples(self) -> list[str]:
-        return ["maybe", "enabled"]
-
 
 @dataclass(frozen=True)
 class TimelineFile:
@@ -138,9 +124,6 @@ class TimelineFile:
         if text and text != "DYNAMIC" and (text.endswith(("/", os.sep)) or os.path.isdir(text)):
             raise knob.refuse(text, "names a folder, not a file")
         return text
-
-    def bad_examples(self) -> list[str]:
-        return [os.curdir + os.sep, os.path.abspath(os.curdir)]
 
 
 @dataclass(frozen=True)
@@ -166,9 +149,6 @@ class Interfaces:
             raise knob.refuse(text, f"names interfaces this host does not have ({', '.join(missing)}; it "
                                     f"has {', '.join(sorted(present))})")
         return names
-
-    def bad_examples(self) -> list[str]:
-        return ["no-such-if0", "lo,no-such-if0"]
 
 
 Kind = Number | Choice | Switch | TimelineFile | Interfaces
