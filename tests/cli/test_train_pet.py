@@ -26,7 +26,7 @@ def train(variables: dict[str, str], *argv: str) -> tuple[int, list[tuple[Launch
         return 0
 
     with mock.patch.dict(os.environ, {**variables, "PATH": os.environ.get("PATH", "")}, clear=True), \
-            mock.patch("ringtrain.launch.driver.launch", fake_launch), \
+            mock.patch("ringtrain.launch.entry.launch", fake_launch), \
             mock.patch("ringtrain.train.job.run_job") as in_process:
         code = exit_code(["train", "mnist", *QUICK, *argv])
     if in_process.called:

@@ -17,6 +17,7 @@ import ringtrain.launch.driver as driver
 from ringtrain.exceptions import UsageError
 from ringtrain.launch import link, store_host
 from ringtrain.launch.config import DriverLink, LaunchConfig
+from ringtrain.launch.entry import launch
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.plan import SrunPlan
 from ringtrain.launch.report import RankFailure
@@ -372,7 +373,7 @@ def test_check_command_accepts_what_can_start(command):
 
 
 def test_check_build_prints_what_this_installation_has(capsys):
-    assert driver.launch(LaunchConfig(command=(), check_build=True), environ={}) == 0
+    assert launch(LaunchConfig(command=(), check_build=True), environ={}) == 0
     out = capsys.readouterr().out
     assert "Available Frameworks:" in out
     assert "[X] PyTorch" in out
@@ -382,7 +383,7 @@ def test_check_build_prints_what_this_installation_has(capsys):
 def test_notes_are_printed_once_and_verbose_shows_the_table(tmp_path, capsys):
     config = LaunchConfig(command=(sys.executable, REPORT_ENV, str(tmp_path)), num_proc=1, verbose=True,
                           notes=("--mpi accepted: ranks communicate through torch.distributed",))
-    assert driver.launch(config) == 0
+    assert launch(config) == 0
     err = capsys.readouterr().err
     assert err.count("ringtrain run: warning: --mpi accepted") == 1
     assert "ringtrain run: resolved configuration" in err

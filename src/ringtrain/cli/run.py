@@ -520,7 +520,7 @@ def ray_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Entry of ``ringtrain run``: flags -> ``LaunchConfig`` -> checks -> ``launch``."""
-    from ringtrain.launch.driver import launch
+    from ringtrain.launch.entry import launch
     from ringtrain.launch.prechecks import before_launch
 
     config = config_from_args(args)

@@ -62,7 +62,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         num_proc = sum(h.slots for h in host_list) if host_list else 1
     if num_proc < 1:
         raise ValueError(f"num_proc={num_proc} must be at least 1. HINT: pass num_proc=2 or more.")
-    from ringtrain.launch.driver import launch
+    from ringtrain.launch.entry import launch
 
     folder = make_temp_folder("ringtrain-func-")  # a SIGKILL'd launcher's is removed at the next start
     try:

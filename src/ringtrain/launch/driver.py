@@ -1,4 +1,4 @@
-"""``launch(config)``: start the ranks the plan asks for, wait, and report the first failure once.
+"""A job of a fixed size: start the ranks the plan asks for, wait, and report the first failure once.
 
 One node here: the elastic agent runs in this process. Several hosts: this process is a driver that
 starts one agent per host (``python -m ringtrain.launch.node_entry CONFIG_JSON``; directly for this
@@ -44,7 +44,6 @@ from ringtrain.launch.report import (
     preempted,
     preempted_line,
 )
-from ringtrain.launch.requeue import requeue_job
 from ringtrain.launch.stopping import stopping_line
 from ringtrain.launch.worker_entry import is_python
 
@@ -104,33 +103,10 @@ def check_build() -> str:
     ])
 
 
-def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
-    """Run ``config.command`` as the configured ranks; returns the launcher's exit code.
-
-    With ``config.requeue``, a job whose ranks ended preempted requeues its batch job (launch/requeue.py).
-    """
-    environ = dict(os.environ if environ is None else environ)
-    code = _launch(config, environ)
-    if config.requeue and code == PREEMPTED_EXIT:
-        return requeue_job(environ)
-    return code
-
-
-def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
-    if config.check_build:
-        print(check_build())
-        return 0
-    if config.ray is not None:
-        # Ray's driver builds on this module's (ray_driver.py imports it), and loads only for --ray
-        from ringtrain.launch.ray_driver import launch_on_ray
-
-        return launch_on_ray(config, environ)
+def launch_fixed(config: LaunchConfig, environ: dict[str, str]) -> int:
+    """A job of a fixed size: on this node, on hosts (ssh and this machine), or one agent per node of an
+    ``srun`` step, as the plan says; the exit code. Called by :func:`ringtrain.launch.entry.launch`."""
     prepare(config, environ)
-    if config.elastic:
-        from ringtrain.launch.elastic_driver import launch_elastic
-
-        check_command(config.command, config.no_python)
-        return launch_elastic(config, environ)
     plan = resolve_plan(config, environ)
     if config.verbose:
         print(f"ringtrain run: plan {plan}", file=sys.stderr)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from ringtrain.exceptions import UsageError
 from ringtrain.launch.config import LaunchConfig
-from ringtrain.launch.driver import launch
+from ringtrain.launch.entry import launch
 
 USAGE = "usage: python -m ringtrain.launch.node_entry CONFIG_JSON (started by ringtrain run, not by hand)"
 

@@ -451,7 +451,7 @@ def _launch(job: TrainJob) -> int:
         run_job(job)
         return 0
     from ringtrain.launch.config import LaunchConfig
-    from ringtrain.launch.driver import launch
+    from ringtrain.launch.entry import launch
     from ringtrain.launch.temp_folders import make_temp_folder
 
     folder = make_temp_folder("ringtrain-train-")  # a SIGKILL'd launcher's is removed at the next start
