@@ -6,7 +6,6 @@ from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import (
     HostSlots,
     assign_slots,
-    cross_rank_and_size,
     is_local_host,
     nodes_of,
     parse_hostfile,
@@ -81,9 +80,10 @@ def test_more_ranks_than_slots_is_an_error():
         assign_slots(parse_hosts("a:2,b:2"), 5)
 
 
-def test_cross_rank_and_size_match_assignment():
-    for s in assign_slots(parse_hosts("a:3,b:1,c:2"), 6):
-        assert cross_rank_and_size([3, 1, 2], s.node_rank, s.local_rank) == (s.cross_rank, s.cross_size)
+def test_uneven_hosts_get_horovods_cross_rank_and_size():
+    got = assign_slots(parse_hosts("a:3,b:1,c:2"), 6)
+    assert [(s.host, s.local_rank, s.cross_rank, s.cross_size) for s in got] == [
+        ("a", 0, 0, 3), ("a", 1, 0, 2), ("a", 2, 0, 1), ("b", 0, 1, 3), ("c", 0, 2, 3), ("c", 1, 1, 2)]
 
 
 def test_local_host_detection():

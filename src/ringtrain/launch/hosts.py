@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.engine.placement import places_by_node
 from ringtrain.exceptions import UsageError
 
 _HOST_ENTRY = re.compile(r"^[\w.-]+:[0-9]+$")
@@ -121,16 +122,11 @@ def assign_slots(hosts: Sequence[HostSlots], num_proc: int) -> list[SlotAssignme
         take = min(entry.slots, remaining)
         used.append((entry.host, take))
         remaining -= take
-    out = []
-    rank = 0
-    for node_rank, (host, size) in enumerate(used):
-        for local_rank in range(size):
-            holders = [i for i, (_, s) in enumerate(used) if s > local_rank]
-            out.append(SlotAssignment(rank=rank, host=host, node_rank=node_rank, local_rank=local_rank,
-                                      local_size=size, cross_rank=holders.index(node_rank),
-                                      cross_size=len(holders)))
-            rank += 1
-    return out
+    first = [sum(take for _, take in used[:node]) for node in range(len(used))]
+    nodes = [range(start, start + take) for start, (_, take) in zip(first, used)]
+    return [SlotAssignment(rank=p.rank, host=used[p.node_rank][0], node_rank=p.node_rank,
+                           local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
+                           cross_size=p.cross_size) for p in places_by_node(nodes)]
 
 
 def nodes_of(assignments: Sequence[SlotAssignment]) -> list[HostSlots]:
@@ -139,14 +135,6 @@ def nodes_of(assignments: Sequence[SlotAssignment]) -> list[HostSlots]:
     for a in assignments:
         nodes[a.host] = a.local_size
     return [HostSlots(h, s) for h, s in nodes.items()]
-
-
-def cross_rank_and_size(node_slots: Sequence[int], node_rank: int, local_rank: int) -> tuple[int, int]:
-    """Horovod's cross rank (index of this node among nodes running ``local_rank``) and cross size."""
-    holders = [i for i, s in enumerate(node_slots) if s > local_rank]
-    if node_rank not in holders:
-        return 0, max(len(holders), 1)
-    return holders.index(node_rank), len(holders)
 
 
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "ip6-localhost"}

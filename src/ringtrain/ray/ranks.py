@@ -3,9 +3,8 @@
 Pure functions (no Ray calls), so that the rank arithmetic is tested on its own.
 
 Nodes are ordered by how many workers they hold, most first (ties: the order the workers were
-created in). With that order, the nodes that hold local rank ``r`` are always the first ones, so a
-worker's Horovod cross rank is its node's index and the cross size of local rank ``r`` is the number
-of nodes holding more than ``r`` workers: right on uneven placements (``PACK``) too.
+created in), and numbered by :mod:`ringtrain.engine.placement`, so a worker's Horovod cross rank is
+its node's index: right on uneven placements (``PACK``) too.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ringtrain.engine.placement import busiest_first, places_by_node
 from ringtrain.engine.rank_env import rank_variables
 
 
@@ -53,19 +53,10 @@ def places_of_ranks(nodes: Sequence[WorkerNode]) -> list[RankPlace]:
 
 
 def _places(nodes: Sequence[WorkerNode], renumber: bool) -> list[RankPlace]:
-    groups: dict[str, list[int]] = {}
-    for index, node in enumerate(nodes):
-        groups.setdefault(node.node_id, []).append(index)
-    ordered = sorted(groups.values(), key=lambda members: (-len(members), members[0]))
-    counts = [len(members) for members in ordered]
-    places: list[RankPlace] = []
-    for node_rank, members in enumerate(ordered):
-        for local_rank, worker in enumerate(members):
-            places.append(RankPlace(
-                worker=worker, rank=len(places) if renumber else worker, size=len(nodes),
-                local_rank=local_rank, local_size=len(members), node_rank=node_rank, cross_rank=node_rank,
-                cross_size=sum(1 for c in counts if c > local_rank), node=nodes[worker]))
-    return places
+    return [RankPlace(worker=p.member, rank=p.rank if renumber else p.member, size=len(nodes),
+                      local_rank=p.local_rank, local_size=p.local_size, node_rank=p.node_rank,
+                      cross_rank=p.cross_rank, cross_size=p.cross_size, node=nodes[p.member])
+            for p in places_by_node(busiest_first([node.node_id for node in nodes]))]
 
 
 def worker_environ(place: RankPlace, store_address: str, gloo_timeout_s: float,

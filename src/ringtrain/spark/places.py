@@ -4,10 +4,9 @@ Pure functions (no Spark calls), so the arithmetic is tested on its own. Every t
 whole table from the same input, ``BarrierTaskContext.getTaskInfos()`` (one ``host:port`` address per
 task, in partition order), so all tasks agree on it without talking to each other.
 
-Hosts are ordered by how many tasks they hold, most first (ties: the host of the lowest partition).
-With that order the hosts holding local rank ``r`` are always the first ones, so a task's Horovod
-cross rank is its host's index and the cross size of local rank ``r`` is the number of hosts holding
-more than ``r`` tasks, right on uneven placements too.
+Hosts are ordered by how many tasks they hold, most first (ties: the host of the lowest partition),
+and numbered by :mod:`ringtrain.engine.placement`, so a task's Horovod cross rank is its host's
+index, right on uneven placements too.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ringtrain.engine.placement import busiest_first, places_by_node
 from ringtrain.engine.rank_env import rank_variables
 
 
@@ -45,18 +45,11 @@ def host_of(address: str) -> str:
 
 def assign_places(addresses: Sequence[str]) -> list[TaskPlace]:
     """The place of every task, ``addresses[i]`` being where partition ``i`` runs; in partition order."""
-    groups: dict[str, list[int]] = {}
-    for partition, address in enumerate(addresses):
-        groups.setdefault(host_of(address), []).append(partition)
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
-    counts = [len(members) for _, members in ordered]
-    places: list[TaskPlace] = []
-    for cross_rank, (host, members) in enumerate(ordered):
-        for local_rank, partition in enumerate(members):
-            places.append(TaskPlace(
-                partition=partition, host=host, rank=len(places), size=len(addresses), local_rank=local_rank,
-                local_size=len(members), cross_rank=cross_rank,
-                cross_size=sum(1 for c in counts if c > local_rank)))
+    hosts = [host_of(address) for address in addresses]
+    places = [TaskPlace(partition=p.member, host=hosts[p.member], rank=p.rank, size=len(addresses),
+                        local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
+                        cross_size=p.cross_size)
+              for p in places_by_node(busiest_first(hosts))]
     return sorted(places, key=lambda p: p.partition)
 
 
