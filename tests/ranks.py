@@ -94,6 +94,10 @@ class RankPool:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
 
+    def pids(self) -> list[int]:
+        """The process ids of the live ranks (none before the first ``run``)."""
+        return [proc.pid for proc in self._procs if proc.pid is not None]
+
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         port = free_port()

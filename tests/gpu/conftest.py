@@ -15,6 +15,7 @@ from tests.gpu.placements import (
     size_of,
     skip_unless_placeable,
 )
+from tests.hygiene import keep_across_tests
 from tests.ranks import RankPool
 
 
@@ -33,7 +34,7 @@ def _placement(request: pytest.FixtureRequest, pools: dict[str, RankPool]) -> Pl
     skip_unless_placeable(name)
     if name not in pools:
         pools[name] = (request.getfixturevalue("ranks2") if name == "cpu-2"
-                       else RankPool(size_of(name), pool_env(name)))
+                       else keep_across_tests(RankPool(size_of(name), pool_env(name))))
     return Placement(name=name, kind=name.split("-")[0], size=size_of(name), pool=pools[name])
 
 
@@ -62,7 +63,7 @@ def hidden_gpu_pool(gpu_pools: dict[str, RankPool]) -> Callable[[int], RankPool]
     def pool(size: int) -> RankPool:
         name = f"hidden-{size}"
         if name not in gpu_pools:
-            gpu_pools[name] = RankPool(size, {"CUDA_VISIBLE_DEVICES": ""})
+            gpu_pools[name] = keep_across_tests(RankPool(size, {"CUDA_VISIBLE_DEVICES": ""}))
         return gpu_pools[name]
 
     return pool
