@@ -46,7 +46,7 @@ class CastCompressor(Compressor):
     wire_dtype: torch.dtype = torch.float16
 
     @classmethod
-    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:  # type: ignore[override]
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Cast a floating tensor to the wire dtype; other tensors pass through."""
         dtype = tensor.dtype
         if dtype.is_floating_point and dtype != cls.wire_dtype:

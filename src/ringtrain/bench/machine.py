@@ -70,6 +70,7 @@ def describe_machine() -> dict[str, Any]:
 
     import ringtrain
 
+    usable: int | None  # os.cpu_count() is None where the count is unknown
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -334,7 +334,7 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
     # within a repeat: by process count, so competitors at the same size run back to back
     configs = [configs[0]] + sorted(configs[1:], key=lambda c: (c[1], settings.run_strategies.index(c[0])))
     env = bench_environment(settings, threads)
-    runs = []
+    runs: list[RunSpec] = []
     for repeat in range(settings.repeats):
         for strategy, np in configs:
             if settings.is_script:
@@ -363,7 +363,7 @@ def startup_runs(settings: BenchSettings, threads: int, python: str = sys.execut
     if program is None:
         return []
     env = bench_environment(settings, threads)  # as the script's own runs: the same imports, same variables
-    runs = []
+    runs: list[RunSpec] = []
     for repeat in range(settings.repeats):
         for np in sorted({1, *settings.nps}):  # the baseline runs at one process whatever --np says
             plain = np == 1

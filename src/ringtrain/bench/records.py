@@ -104,7 +104,7 @@ def combine_reports(m: Measurement, reports: list[dict[str, Any]]) -> None:
     if steps:
         m.steps = min(steps)
         m.seconds_per_step = m.seconds / m.steps
-    per_epoch = [b.get("items_per_epoch") for b in usable if b.get("items_per_epoch")]
+    per_epoch = [b["items_per_epoch"] for b in usable if b.get("items_per_epoch")]
     epochs = [float(b["epochs"]) for b in usable if _number(b.get("epochs")) and b["epochs"] > 0]
     if per_epoch and any(b.get("steps_per_epoch") for b in usable):
         m.seconds_per_epoch = float(per_epoch[0]) / m.items_per_second
@@ -134,8 +134,8 @@ def merge_rank_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Otherwise the rank's last line counts, as a line for the whole timed part.
     """
     by_rank: dict[int, list[dict[str, Any]]] = {}
-    for body in reports:
-        by_rank.setdefault(int(body.get("rank", 0)), []).append(body)
+    for report in reports:
+        by_rank.setdefault(int(report.get("rank", 0)), []).append(report)
     merged = []
     for rank in sorted(by_rank):
         lines = by_rank[rank]
@@ -354,8 +354,9 @@ def summarize(measurements: list[Measurement], startup: dict[int, float] | None 
             break
         if row.items_per_second is not None and base.items_per_second:
             row.speedup = row.items_per_second / base.items_per_second
-            row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
-            row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
+            if row.items_per_second_min is not None and row.items_per_second_max is not None:  # set with it
+                row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
+                row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
         elif row.items_per_second is None and row.net_wall_seconds and base.net_wall_seconds:
             row.speedup = base.net_wall_seconds / row.net_wall_seconds
             row.speedup_from = "wall time minus start-up"

@@ -55,6 +55,10 @@ def _script_path(args: list[str]) -> Path:
     return Path(args[0])
 
 
+def _imports(statements: list[ast.stmt]) -> list[ast.stmt]:
+    return [n for n in statements if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
 def top_level_imports(source: str, filename: str = "<script>") -> ast.Module:
     """The module-level imports of ``source`` (also inside top-level ``try`` blocks), as a module."""
     tree = ast.parse(source, filename=filename)
@@ -63,10 +67,9 @@ def top_level_imports(source: str, filename: str = "<script>") -> ast.Module:
         if isinstance(node, ast.Import | ast.ImportFrom):
             kept.append(node)
         elif isinstance(node, ast.Try):  # try: import horovod.torch as hvd / except ImportError: ...
-            body = [n for n in node.body if isinstance(n, ast.Import | ast.ImportFrom)]
-            handlers = [ast.ExceptHandler(type=h.type, name=h.name, body=[
-                n for n in h.body if isinstance(n, ast.Import | ast.ImportFrom)] or [ast.Pass()])
-                for h in node.handlers]
+            body = _imports(node.body)
+            handlers = [ast.ExceptHandler(type=h.type, name=h.name, body=_imports(h.body) or [ast.Pass()])
+                        for h in node.handlers]
             if body:
                 kept.append(ast.Try(body=body, handlers=handlers or [ast.ExceptHandler(
                     type=None, name=None, body=[ast.Pass()])], orelse=[], finalbody=[]))

@@ -183,9 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the worker exists to report: its line prints even when started by hand, outside a sweep
     os.environ.setdefault(ENV_VAR, "1")
 
+    bad_input: tuple[type[BaseException], ...] = (*input_errors(), ValueError)
     try:
         run(json.loads(args.spec))
-    except (*input_errors(), ValueError) as exc:
+    except bad_input as exc:
         print(f"ringtrain bench: error: {exc}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -7,6 +7,7 @@ answer is reported with the first mismatching value, not just "failed".
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,8 @@ ALLREDUCE_OPS: tuple[str, ...] = ("Sum", "Average", "Min", "Max", "Product", "Ad
 #: Default message sizes of the bandwidth sweep, in bytes (float32 payloads).
 DEFAULT_BANDWIDTH_SIZES: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20)
 
-_FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-6}
+#: Tolerances of a floating result against the local reduction (torch.isclose's rtol and atol).
+_RTOL, _ATOL = 1e-5, 1e-6
 
 
 # --- expected values: a pure function of (rank, size) so every rank can recompute them ----------
@@ -44,7 +46,7 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
         return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     if got.dtype != want.dtype:
         return f"dtype {got.dtype}, expected {want.dtype}"
-    bad = (~torch.isclose(got.double(), want.double(), **_FLOAT_TOL)).nonzero()
+    bad = (~torch.isclose(got.double(), want.double(), rtol=_RTOL, atol=_ATOL)).nonzero()
     index = tuple(bad[0].tolist())
     return (f"{len(bad)} of {want.numel()} values wrong; first at index {index}: "
             f"got {got[index].item()}, expected {want[index].item()}")
@@ -55,7 +57,7 @@ def _compare(name: str, got: Any, want: torch.Tensor) -> CheckResult:
         return CheckResult(name, False, f"returned {type(got).__name__}, expected a tensor")
     got_cpu, want_cpu = got.detach().cpu(), want.detach().cpu()
     if (got_cpu.shape == want_cpu.shape and got_cpu.dtype == want_cpu.dtype
-            and torch.allclose(got_cpu.double(), want_cpu.double(), **_FLOAT_TOL)):
+            and torch.allclose(got_cpu.double(), want_cpu.double(), rtol=_RTOL, atol=_ATOL)):
         return CheckResult(name, True)
     return CheckResult(name, False, _first_mismatch(got_cpu, want_cpu))
 
@@ -226,7 +228,7 @@ def run_collective_checks(hvd: ModuleType, device: torch.device,
     """Every collective, in the same order on every rank; ``progress`` hears each name first."""
     plan: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = []
     for op in ALLREDUCE_OPS:
-        plan.append((f"allreduce[{op.lower()}]", lambda op=op: check_allreduce(hvd, op, device)))
+        plan.append((f"allreduce[{op.lower()}]", functools.partial(check_allreduce, hvd, op, device)))
     plan += [
         ("allreduce[int64]", lambda: check_allreduce_int(hvd, device)),
         ("allreduce[large]", lambda: check_allreduce_large(hvd, device)),

@@ -68,8 +68,8 @@ def value_source(args: argparse.Namespace, dest: str) -> str:
 
 def record_sources(parser: argparse.ArgumentParser) -> None:
     """Keep every variable-given default's variable in the parsed namespace (for :func:`value_source`)."""
-    sources = {a.dest: a.env_source for a in parser._actions if getattr(a, "env_source", None)}
-    errors = [a.env_error for a in parser._actions if getattr(a, "env_error", None)]
+    sources = {a.dest: source for a in parser._actions if (source := getattr(a, "env_source", None))}
+    errors = [error for a in parser._actions if (error := getattr(a, "env_error", None))]
     parser.set_defaults(**{SOURCES: sources, ENV_ERRORS: errors})
 
 

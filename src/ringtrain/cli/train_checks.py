@@ -72,7 +72,7 @@ def _file_tables() -> dict[str, tuple[list[tuple[str, ...]], tuple[str, ...]]]:
     from ringtrain.workloads import cifar, movielens
     from ringtrain.workloads.mnist import FASHION_MNIST, MNIST, SPLIT_FILES
 
-    idx = [(f"{name}.gz", name) for pair in SPLIT_FILES.values() for name in pair]
+    idx: list[tuple[str, ...]] = [(f"{name}.gz", name) for pair in SPLIT_FILES.values() for name in pair]
     return {
         "mnist": (idx, MNIST.layouts),
         "fashion-mnist": (idx, FASHION_MNIST.layouts),

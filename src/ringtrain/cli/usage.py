@@ -14,8 +14,9 @@ import argparse
 import difflib
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, overload
 
+_N = TypeVar("_N")
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
 _REQUIRED = re.compile(r"the following arguments are required: (.*)$")
 #: Words people write for a choice that has another name here (``--device gpu`` means ``cuda``): a
@@ -88,8 +89,17 @@ class HelpfulParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    # argparse's own overloads: the namespace given (of any class) is the one returned
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         # The parser of a (sub)command reports its own leftovers, with its own usage; otherwise argparse
         # hands them up and the top level prints its usage, which does not show the flag that was meant.
@@ -120,8 +130,8 @@ class HelpfulParser(argparse.ArgumentParser):
             missing = [a for a in self._actions if a.choices and not a.option_strings
                        and (a.metavar or a.dest) in match.group(1).split(", ")]
             if missing:
-                name, choices = missing[0].metavar or missing[0].dest, map(str, missing[0].choices)
-                return f"give the {name}, one of {', '.join(choices)}. {help_pointer(self)}"
+                name, values = missing[0].metavar or missing[0].dest, missing[0].choices or ()
+                return f"give the {name}, one of {', '.join(map(str, values))}. {help_pointer(self)}"
             options = [a for a in self._actions if a.option_strings
                        and "/".join(a.option_strings) in match.group(1).split(", ")]
             if options:

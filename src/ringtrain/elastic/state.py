@@ -59,9 +59,9 @@ class State:
         for callback in self._reset_callbacks:
             callback()
 
-    def on_hosts_updated(self, timestamp: float, update_res: HostUpdateResult) -> None:
-        """Record a host-update notification (from the elastic driver)."""
-        self._host_messages.put((timestamp, update_res))
+    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
+        """Record a host-update notification (from the elastic driver: the result as a plain int)."""
+        self._host_messages.put((timestamp, HostUpdateResult(update_res)))
 
     def commit(self) -> None:
         """Save the state, then check (collectively) whether the hosts changed."""
@@ -220,6 +220,8 @@ class TorchState(ObjectState):
     deep copy and synced with the matching broadcast; other keyword arguments behave as in
     ``ObjectState``. Assigning a new object to a handled attribute hands it to the handler.
     """
+
+    _handlers: dict[str, StateHandler]  # set in __init__, past this class's own __setattr__
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **kwargs: Any) -> None:
