@@ -165,7 +165,9 @@ class GenerationStore(dist.Store):
         self.set_timeout(datetime.timedelta(seconds=timeout_s))
 
     def _wait(self, keys: list[str], timeout: datetime.timedelta | None) -> None:
-        limit = (self.timeout if timeout is None else timeout).total_seconds()
+        # torch's stubs leave out Store.timeout, the property set_timeout sets
+        default: datetime.timedelta = self.timeout  # type: ignore[attr-defined]
+        limit = (default if timeout is None else timeout).total_seconds()
         deadline = None if limit <= 0 else time.monotonic() + limit
         abort = abort_key(self._generation)
         while not self._base.check(keys):

@@ -50,7 +50,8 @@ _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _HALF = {torch.float16, torch.bfloat16}
 #: Elementwise reduction of two parts, for the reductions done here rather than by gloo (the mesh and
 #: the socket ring); each takes ``out=``. Average is a Sum scaled afterwards.
-COMBINE = {SUM: torch.add, AVERAGE: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
+COMBINE: dict[int, Callable[..., torch.Tensor]] = {
+    SUM: torch.add, AVERAGE: torch.add, MIN: torch.minimum, MAX: torch.maximum, PRODUCT: torch.mul}
 #: Gathered bytes (all ranks together) up to which a CPU allreduce of the global set uses the
 #: control plane's socket mesh instead of gloo.
 MESH_ALLREDUCE_BYTES = 1024 * 1024
@@ -255,8 +256,9 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
     if dtype in _WIRE_DTYPE:
         wire = wire.to(_WIRE_DTYPE[dtype])
     if wire.numel() > 0:
-        hierarchy = groups.extra.get("hierarchy")
+        hierarchy: hierarchical.Hierarchy | None = groups.extra.get("hierarchy")
         if ref.reduce_op == ADASUM:
+            assert hierarchy is not None, "every member's set has a hierarchy (EngineGroups.add_set)"
             counts = [math.prod(shape) for response, _ in batch for shape in response.reference.shapes]
             if ref.device >= 0:
                 # CUDA tensors follow Horovod's NCCL build (averaged within each host first), also
@@ -273,7 +275,8 @@ def run_allreduce(batch: list[tuple[Response, Request | None]], groups: SetGroup
             ring_allreduce(groups.plane, groups.ranks, wire.reshape(-1), COMBINE[ref.reduce_op])
         else:
             opts = dist.AllreduceOptions()
-            opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)
+            # torch's stubs type ReduceOp.SUM as a RedOpType, which the reduceOp setter takes as a ReduceOp
+            opts.reduceOp = _REDUCE_OPS.get(ref.reduce_op, dist.ReduceOp.SUM)  # type: ignore[assignment]
             _wait(groups.group(via).allreduce([wire], opts), via, groups)
     if wire is not buffer:
         buffer.copy_(wire)
@@ -373,7 +376,7 @@ def mesh_allreduce(plane: Any, wire: torch.Tensor, reduce_op: int) -> None:
     """
     flat = wire.reshape(-1)
     nbytes = flat.numel() * flat.element_size()
-    rows = plane.allgather(memoryview(flat.view(torch.uint8).numpy()))
+    rows = plane.allgather(flat.view(torch.uint8).numpy().data)
     if any(len(row) != nbytes for row in rows):
         # Every rank derives the length from agreed state: a mismatch means a message that is not
         # this exchange's (a bug, or something else writing to the sockets).
@@ -490,7 +493,7 @@ def run_reducescatter(response: Response, request: Request, groups: SetGroups) -
         wire = buffer.to(_WIRE_DTYPE[buffer.dtype]) if buffer.dtype in _WIRE_DTYPE else buffer
         if wire.numel() > 0:
             opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp.SUM
+            opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # a RedOpType, as above
             _wait(groups.group(device).allreduce([wire], opts), device, groups)
         if wire is not buffer:
             buffer.copy_(wire)

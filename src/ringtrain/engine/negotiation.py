@@ -210,9 +210,9 @@ def check_agreement(metas: dict[int, RequestMeta]) -> str | None:
         return None
     for rank in ranks:
         meta = metas[rank]
-        for a, b in zip(first.dtypes, meta.dtypes):
-            if a != b:
-                return f"Mismatched data types: One rank had type {a}, but another rank had type {b}."
+        for mine, theirs in zip(first.dtypes, meta.dtypes):
+            if mine != theirs:
+                return f"Mismatched data types: One rank had type {mine}, but another rank had type {theirs}."
     for rank in ranks:
         meta = metas[rank]
         if (meta.device >= 0) != (first.device >= 0):

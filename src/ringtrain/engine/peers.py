@@ -34,7 +34,7 @@ _TAG = 7341
 
 
 def _raw(tensor: torch.Tensor) -> memoryview:
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 class Peers:
@@ -126,8 +126,8 @@ class SocketPeers(Peers):
         out_sock, in_sock = self.plane.peer_socket(out_rank), self.plane.peer_socket(in_rank)
         expected = recv.numel() * recv.element_size()
         with self.plane.nonblocking(out_sock, in_sock) as deadline:
-            transfer((out_sock, out_rank, in_sock, in_rank), _raw(send), [(_raw(recv), None)], expected,
-                      deadline)
+            links = (out_sock, self.plane.label(out_rank), in_sock, self.plane.label(in_rank))
+            transfer(links, _raw(send), [(_raw(recv), None)], expected, deadline)
 
     def send(self, to: int, tensor: torch.Tensor) -> None:
         peer = self.members[to]

@@ -68,7 +68,7 @@ def ring_allreduce(
     n = flat.numel()
     bounds = [n * i // count for i in range(count + 1)]
     item = flat.element_size()
-    raw = memoryview(flat.view(torch.uint8).numpy())
+    raw = flat.view(torch.uint8).numpy().data
 
     def chunk(index: int) -> tuple[int, int]:
         return bounds[index % count], bounds[index % count + 1]
@@ -76,13 +76,13 @@ def ring_allreduce(
     piece_elements = max(1, piece_bytes // item)
     largest = max(bounds[i + 1] - bounds[i] for i in range(count))
     scratch = plane.scratch(min(largest, piece_elements) * item).view(flat.dtype)
-    scratch_raw = memoryview(scratch.view(torch.uint8).numpy())
+    scratch_raw = scratch.view(torch.uint8).numpy().data
     links = (out_sock, plane.label(successor), in_sock, plane.label(predecessor))
     with plane.nonblocking(out_sock, in_sock) as deadline:
         for step in range(count - 1):
             send_lo, send_hi = chunk(me - step)
             recv_lo, recv_hi = chunk(me - step - 1)
-            pieces = []
+            pieces: list[tuple[memoryview, Callable[[], Any] | None]] = []
             for lo in range(recv_lo, recv_hi, piece_elements):
                 hi = min(lo + piece_elements, recv_hi)
                 target = flat[lo:hi]

@@ -201,6 +201,7 @@ def _base_store(where: _Where, rank: int, size: int, timeout: datetime.timedelta
 def _published_store(where: _Where, rank: int, size: int, timeout: datetime.timedelta,
                      secret: str | None, reused: bool, facts: Mapping[str, str]) -> dist.Store:
     """Rank 0 hosts the job store on a port of its own and publishes it through torch's store."""
+    bootstrap: dist.Store | None
     if reused:
         bootstrap = dist.distributed_c10d._get_default_store()
     else:  # under torchrun the elastic agent hosts a store at MASTER_ADDR:MASTER_PORT
@@ -316,7 +317,8 @@ def make_gloo_group(
     """
     if world.rank not in ranks:
         return None
-    options = dist.ProcessGroupGloo._Options()
+    # torch's stubs name it Options, which at run time is Backend.Options, without the gloo devices
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = datetime.timedelta(seconds=timeout_s)
     options._devices = _gloo_devices(len(ranks), interfaces)
     store = dist.PrefixStore(f"{tag}/", world.store)
@@ -349,7 +351,9 @@ def verify_gloo_group(group: dist.ProcessGroupGloo, world: World, tag: str, rank
     received = torch.empty(count * _GLOO_CHECK_BYTES, dtype=torch.uint8)
     splits = [_GLOO_CHECK_BYTES] * count
     try:
-        group.alltoall_base(received, send, splits, splits, dist.AllToAllOptions()).wait(
+        # torch's stubs give Backend (ProcessGroupGloo's base) none of the collectives it has
+        group.alltoall_base(  # type: ignore[attr-defined]
+            received, send, splits, splits, dist.AllToAllOptions()).wait(
             datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise AuthenticationError(
@@ -369,7 +373,8 @@ def verify_gloo_group(group: dist.ProcessGroupGloo, world: World, tag: str, rank
                 "docs/security.md) and start the job again.")
 
 
-def make_nccl_group(world: World, tag: str, ranks: list[int], timeout_s: float) -> dist.ProcessGroup | None:
+def make_nccl_group(world: World, tag: str, ranks: list[int],
+                    timeout_s: float) -> dist.ProcessGroupNCCL | None:
     """An NCCL group over ``ranks`` for CUDA tensors; None on processes outside it."""
     if world.rank not in ranks:
         return None
