@@ -104,7 +104,8 @@ def test_independent_copies_and_user_commands():
     assert copies.argv[0] == "PY"
     script = BenchSettings(command=("python", "train.py", "--lr", "1"), nps=(1, 2), repeats=1)
     base, dist = plan_runs(script, threads=1, python="PY")
-    assert base.argv == ("python", "train.py", "--lr", "1")
+    # the baseline's python is the bench's own, as ringtrain run makes its ranks' (worker_entry.py)
+    assert base.argv == ("PY", "train.py", "--lr", "1")
     assert dist.argv[-4:] == ("python", "train.py", "--lr", "1")
     assert "run" in dist.argv
     assert dist.strategy == "script"
@@ -171,7 +172,7 @@ def test_start_up_probes_run_like_the_script_at_every_size(monkeypatch):
     assert {p.strategy for p in probes} == {STARTUP}
     one, two = probes[0], probes[1]
     assert one.plain
-    assert one.argv == ("python", "-m", "ringtrain.bench.startup", "train.py", "--epochs", "1")
+    assert one.argv == ("PY", "-m", "ringtrain.bench.startup", "train.py", "--epochs", "1")
     assert "PYTHONPATH" in one.env  # with the shim, as the baseline
     assert two.argv[:6] == ("PY", "-m", "ringtrain", "run", "-np", "2")
     assert two.argv[-5:] == one.argv[-5:]
@@ -199,3 +200,10 @@ def test_every_run_of_a_sweep_tells_its_processes_that_ringtrain_bench_reads_the
     runs = [*plan_runs(script, threads=1), *plan_runs(builtin, threads=1), *startup_runs(script, threads=1)]
     assert {run.strategy for run in runs} == {"single", "script", "independent", "horovod", "startup"}
     assert all(run.env[ENV_VAR] == "1" for run in runs)
+
+
+def test_a_plain_run_keeps_a_program_that_is_not_python():
+    script = BenchSettings(command=("./train.sh", "--lr", "1"), nps=(1, 2), repeats=1)
+    base, dist = plan_runs(script, threads=1, python="PY")
+    assert base.argv == ("./train.sh", "--lr", "1")
+    assert dist.argv[-3:] == ("./train.sh", "--lr", "1")

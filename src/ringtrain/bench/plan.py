@@ -317,6 +317,17 @@ def script_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {"PYTHONPATH": pythonpath} if pythonpath else {}
 
 
+def same_python(command: list[str], python: str) -> list[str]:
+    """A plain run's command with ``python``/``python3`` as ``python``, the interpreter running the bench:
+    ``ringtrain run`` starts its ranks' ``python`` that way (launch/worker_entry.py), so the baseline
+    imports from the same environment as the ranks it is compared with, activated or not."""
+    from ringtrain.launch.worker_entry import is_python
+
+    if command and is_python(command[0]):
+        return [python, *command[1:]]
+    return command
+
+
 def bench_environment(settings: BenchSettings, threads: int) -> dict[str, str]:
     """What every run of the sweep adds to the environment: its threads, unbuffered output (a report
     line must not wait in a buffer until exit) and ``RINGTRAIN_BENCH=1``, without which
@@ -339,6 +350,8 @@ def plan_runs(settings: BenchSettings, threads: int, python: str = sys.executabl
         for strategy, np in configs:
             if settings.is_script:
                 program = list(settings.command)
+                if strategy in (BASELINE, INDEPENDENT):
+                    program = same_python(program, python)
             else:
                 spec = json.dumps(worker_spec(settings, strategy, np, threads), separators=(",", ":"))
                 program = [python, "-m", "ringtrain.bench.worker", "--spec", spec]
@@ -367,7 +380,7 @@ def startup_runs(settings: BenchSettings, threads: int, python: str = sys.execut
     for repeat in range(settings.repeats):
         for np in sorted({1, *settings.nps}):  # the baseline runs at one process whatever --np says
             plain = np == 1
-            argv = program if plain else [*launcher_argv(settings, np, python), *program]
+            argv = same_python(program, python) if plain else [*launcher_argv(settings, np, python), *program]
             runs.append(RunSpec(index=len(runs), repeat=repeat, strategy=STARTUP, np=np, argv=tuple(argv),
                                 env={**env, **script_environment()} if plain else dict(env), plain=plain))
     return runs
