@@ -37,7 +37,9 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
                  backward_passes_per_step: int, process_set: ProcessSet) -> None:
-        self._ringtrain_base.__init__(self, params)
+        # the user's optimizer class, whose __init__ defaults every hyperparameter (see optimizer.py)
+        base_init: Callable[..., None] = self._ringtrain_base.__init__
+        base_init(self, params)
         self._compression = compression
         self._parameter_names = parameter_names(self, named_parameters, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step

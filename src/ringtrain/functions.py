@@ -8,6 +8,7 @@ Python object.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -96,7 +97,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 continue
             key = f"{option}.{index}"
             scalars[key] = value
-            setters[key] = lambda v, g=group, o=option: g.__setitem__(o, v)
+            setters[key] = functools.partial(group.__setitem__, option)
 
     occurrences: collections.Counter[str] = collections.Counter()
     for p in params:
@@ -110,7 +111,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 tensors.append((key, value))
             else:
                 scalars[key] = value
-                setters[key] = lambda v, s=state, e=entry: s.__setitem__(e, v)
+                setters[key] = functools.partial(state.__setitem__, entry)
 
     broadcast_parameters(tensors, root_rank)
     received = broadcast_object(scalars, root_rank, name="optimizer.state.scalars")

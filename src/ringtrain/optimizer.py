@@ -43,7 +43,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
-        self._ringtrain_base.__init__(self, params)
+        # the user's optimizer class, whose __init__ defaults every hyperparameter (torch.optim's all
+        # do), not Optimizer.__init__(params, defaults)
+        base_init: Callable[..., None] = self._ringtrain_base.__init__
+        base_init(self, params)
         self._compression = compression
         self._parameter_names = parameter_names(self, named_parameters, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
@@ -180,6 +183,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _submit_solo(self, p: torch.Tensor) -> Any:
         """Sparse gradient: allgather of indices and values; returns a zero-argument callable."""
+        assert p.grad is not None, "called once the gradient is there (its hook, or synchronize)"
         return mpi_ops.sparse_allreduce_async(p.grad, name=self._parameter_names.get(p), op=self.op,
                                               process_set=self.process_set)
 
@@ -187,12 +191,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         members = self._buckets[index]
         if not members:
             return
+        grads = []
         for p in members:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
         compress = self._compression.compress
         # sparse_as_dense: a dense copy travels; the gradient itself stays sparse (see synchronize).
-        packed = [compress(sparse.as_dense(p.grad)) for p in members]
+        packed = [compress(sparse.as_dense(grad)) for grad in grads]
         handle = mpi_ops.grouped_allreduce_async_([t for t, _ in packed], name=self._bucket_names[index],
                                                   op=self.op, prescale_factor=self._prescale,
                                                   postscale_factor=self._postscale,
@@ -223,21 +229,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index, (handle, contexts) in self._bucket_handles.items():
             outputs = mpi_ops.synchronize(handle)
             for p, output, ctx in zip(self._buckets[index], outputs, contexts):
-                if p.grad.is_sparse:  # sparse_as_dense: back to a sparse gradient, as Horovod does
-                    p.grad = sparse.like_sparse(decompress(output, ctx), p.grad)
+                grad = p.grad
+                assert grad is not None, "_submit_bucket gave every member a gradient"
+                if grad.is_sparse:  # sparse_as_dense: back to a sparse gradient, as Horovod does
+                    p.grad = sparse.like_sparse(decompress(output, ctx), grad)
                     continue
-                if casts and ctx == p.grad.dtype:
-                    p.grad.copy_(output)
+                if casts and ctx == grad.dtype:
+                    grad.copy_(output)
                     continue
                 result = decompress(output, ctx)
-                if result.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(result)
+                if result.data_ptr() != grad.data_ptr():
+                    grad.copy_(result)
         for p in self._solo:
             result = self._handles[p]()
-            if p.grad.is_sparse:
+            grad = p.grad
+            assert grad is not None, "every solo parameter got a gradient above"
+            if grad.is_sparse:
                 p.grad = result
             else:
-                p.grad.copy_(result.to_dense())
+                grad.copy_(result.to_dense())
         self._reset_step()
         self._synchronized = True
 

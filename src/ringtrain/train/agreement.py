@@ -72,10 +72,10 @@ def check_all(sum_fn: SumFn, rank: int, world_size: int, what: str, failure: Bas
     width = 2 + MESSAGE_BYTES
     table = torch.zeros((world_size, width), dtype=torch.float64)
     if failure is not None:
-        body = describe(failure).encode("utf-8", "replace")[:MESSAGE_BYTES]
+        encoded = describe(failure).encode("utf-8", "replace")[:MESSAGE_BYTES]
         table[rank, 0] = _SNAPSHOT_KIND if isinstance(failure, SnapshotError) else _OTHER_KIND
         table[rank, 1] = _errno_of(failure)
-        table[rank, 2:2 + len(body)] = torch.tensor(list(body), dtype=torch.float64)
+        table[rank, 2:2 + len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
     table = sum_fn(table)
     if failure is not None:
         raise failure

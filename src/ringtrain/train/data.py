@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -82,6 +82,7 @@ class ShardedLoader:
     @property
     def dataset_size(self) -> int:
         """Items in the whole dataset (all ranks)."""
+        assert isinstance(self.dataset, Sized), "a map-style dataset: DistributedSampler took its len()"
         return len(self.dataset)
 
     def batches_per_epoch(self) -> int:

@@ -52,8 +52,8 @@ class MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional
-            SummaryWriter = None
-        if SummaryWriter is not None:
+            pass
+        else:
             self._writer = SummaryWriter(log_dir=str(self.folder))
 
     def write(self, row: dict[str, Any]) -> None:

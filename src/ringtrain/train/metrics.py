@@ -12,8 +12,9 @@ it from queueing the next step's work while this one computes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -79,7 +80,13 @@ class MetricTotals:
                               dtype=torch.float64)
         if sum_fn is not None:
             values = sum_fn(values)
-        return MetricTotals(*(float(v) for v in values))
+        return MetricTotals.of(values)
+
+    @classmethod
+    def of(cls, values: Iterable[Any]) -> MetricTotals:
+        """Totals from the four values ``(loss_sum, correct, squared_error, count)`` (a snapshot's row)."""
+        loss_sum, correct, squared_error, count = (float(v) for v in values)
+        return cls(loss_sum, correct, squared_error, count)
 
     @property
     def loss(self) -> float:

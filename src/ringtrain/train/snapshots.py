@@ -19,6 +19,7 @@ unpickling), so every value inside is a tensor or a plain type.
 
 from __future__ import annotations
 
+import builtins  # in SnapshotManager's annotations `list` is its method
 import errno
 import hashlib
 import json
@@ -179,7 +180,8 @@ class SnapshotManager:
             with open(temp, "wb") as fp:
                 out = _WriteErrors(fp)
                 try:
-                    torch.save(dict(body), out)  # type: ignore[arg-type] - a file-like writer
+                    # torch's stubs ask for an IO[bytes]; torch.save only calls write and flush
+                    torch.save(dict(body), out)  # type: ignore[arg-type]
                 except RuntimeError:
                     if out.error is not None:  # the disk's own error, not torch's "unexpected pos"
                         raise out.error from None
@@ -326,7 +328,7 @@ class SnapshotManager:
                                        f"with weights_only=True ({type(exc).__name__}). {hint}") from None
 
     def load_newest(self, fingerprint: str | None = None, lazy: bool = False) -> tuple[
-            Path | None, dict[str, Any] | None, list[str]]:
+            Path | None, dict[str, Any] | None, builtins.list[str]]:
         """The newest snapshot that verifies and loads: (path, body, why each newer one was skipped).
 
         (None, None, []) when the folder holds none. Damaged snapshots are skipped for older ones;

@@ -165,10 +165,11 @@ class DDPStrategy(Strategy):
 
     @contextlib.contextmanager
     def accumulating(self, model: nn.Module, sync: bool) -> Iterator[None]:
-        if sync or not hasattr(model, "no_sync"):
+        no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel's; the plain model has none
+        if sync or no_sync is None:
             yield
         else:
-            with model.no_sync():
+            with no_sync():
                 yield
 
     def step(self, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:

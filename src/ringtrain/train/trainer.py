@@ -36,7 +36,7 @@ from ringtrain.train.preemption import Preempted, StopAgreement, StopSignals, pa
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
 from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
-from ringtrain.train.strategies import Strategy, make_strategy
+from ringtrain.train.strategies import HorovodStrategy, Strategy, make_strategy
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -265,7 +265,8 @@ class Trainer:
     def after_reset(self) -> None:
         """The elastic group re-formed: take the new rank and size, re-shard, rescale the learning rate."""
         s = self.strategy
-        s.refresh()  # type: ignore[attr-defined] - elastic mode always runs the Horovod strategy
+        assert isinstance(s, HorovodStrategy), "elastic mode always runs the Horovod strategy"
+        s.refresh()
         self.out = RankZero(s.rank)
         self._shard()
         self.match_learning_rate(self._lr_world)
@@ -624,7 +625,7 @@ class Trainer:
             else:
                 self.batch_in_epoch = position
                 if body.get("epoch_totals") is not None:
-                    self._epoch_totals = MetricTotals(*(float(v) for v in body["epoch_totals"][s.rank]))
+                    self._epoch_totals = MetricTotals.of(body["epoch_totals"][s.rank])
 
     def _position_in(self, body: dict[str, Any]) -> int | None:
         """The snapshot's position in its epoch in batches of this run, None when it falls inside one
