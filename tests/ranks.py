@@ -81,7 +81,7 @@ def _worker(rank: int, env: dict[str, str], conn: Any) -> None:
         try:
             result = fn(*args, **kwargs)
             conn.send(("ok", result))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
+        except BaseException as exc:  # every failure goes back to the test
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 

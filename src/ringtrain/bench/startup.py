@@ -105,8 +105,8 @@ def main(args: list[str]) -> int:
     sys.argv = [str(path), *args[2 if args[0] == "-m" else 1:]]
     namespace = {"__name__": "__ringtrain_startup__", "__file__": str(path)}
     try:
-        exec(compile(imports, str(path), "exec"), namespace)  # noqa: S102 - the user's own imports
-    except Exception as exc:  # noqa: BLE001 - any failure means: start-up not measurable this way
+        exec(compile(imports, str(path), "exec"), namespace)  # the user's own imports
+    except Exception as exc:  # any failure means: start-up not measurable this way
         print(f"ringtrain.bench.startup: the script's imports failed: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return EXIT_CANNOT

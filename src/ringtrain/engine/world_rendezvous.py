@@ -209,7 +209,7 @@ def _published_store(where: _Where, rank: int, size: int, timeout: datetime.time
         if bootstrap is None:
             try:
                 bootstrap = dist.TCPStore(where.address, where.port, size, False, timeout=timeout)
-            except Exception as exc:  # noqa: BLE001 - re-raised with the values that matter
+            except Exception as exc:  # re-raised with the values that matter
                 raise ValueError(
                     f"Horovod initialization failed: cannot reach the rendezvous store at "
                     f"{where.address}:{where.port} (rank {rank} of {size}): {exc}. HINT: check "
