@@ -22,7 +22,6 @@ Everything here must stay cheap: it runs around every test of the contributor's 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import select
 import sys
@@ -43,8 +42,11 @@ GRACE_S = 2.0
 #: Variables that libraries set in the test process themselves, not the tests: pytest rewrites
 #: PYTEST_CURRENT_TEST at every phase of every test; torch's inductor writes its default
 #: TORCHINDUCTOR_CACHE_DIR into os.environ at the first use of its cache (torch/_inductor/runtime/
-#: cache_dir_utils.py), in whichever test reaches it first.
-_LIBRARY_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+#: cache_dir_utils.py), in whichever test reaches it first; importing ray sets RAY_CLIENT_MODE=0
+#: (ray/_private/client_mode_hook.py), in whichever test imports it first.
+#: The value each may take (None: any).
+_LIBRARY_VARIABLES: dict[str, str | None] = {
+    "PYTEST_CURRENT_TEST": None, "TORCHINDUCTOR_CACHE_DIR": None, "RAY_CLIENT_MODE": "0"}
 
 
 class KeepsProcesses(Protocol):
@@ -83,9 +85,10 @@ def _kept_pids() -> set[int]:
 def child_pids() -> set[int]:
     """The live (not zombie) children of this process, from /proc (every thread's ``children``)."""
     pids: set[int] = set()
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+    tasks = f"/proc/{os.getpid()}/task"
+    for task in os.listdir(tasks):
         try:
-            with open(path) as fp:
+            with open(f"{tasks}/{task}/children") as fp:
                 pids.update(int(word) for word in fp.read().split())
         except OSError:  # the thread ended meanwhile
             continue
@@ -171,10 +174,11 @@ def leaks(before: Snapshot, allowed: Iterable[str] = ()) -> list[str]:
     found: list[str] = []
     if "env" not in allowed:
         now = dict(os.environ)
-        for name in _LIBRARY_VARIABLES:
-            now.pop(name, None)
-            if name in before.env:
-                now[name] = before.env[name]
+        for name, value in _LIBRARY_VARIABLES.items():
+            if name in now and value in (None, now[name]):
+                del now[name]
+                if name in before.env:
+                    now[name] = before.env[name]
         if now != before.env:
             added = sorted(now.keys() - before.env.keys())
             removed = sorted(before.env.keys() - now.keys())
