@@ -23,6 +23,13 @@ Horovod's elastic model (``--min-np/--max-np/--host-discovery-script``), without
 - The job ends with exit code 0 once every worker of the last generation exited 0; with the root
   cause when every worker failed, when ``--reset-limit`` is spent, or when ``--min-np`` slots are not
   there within ``--elastic-timeout``.
+
+The driver's loop is a state machine over :class:`Phase`: each tick it takes a stop signal, the hosts'
+cooldowns and the workers' heartbeats and exits, then runs the current phase's method, which returns
+the next phase (WAITING_FOR_HOSTS and RE_FORMING form a generation, RUNNING watches it, BREAKING waits
+for its members to leave, FINISHING for their exits, STOPPING ends on a signal, DONE holds the exit
+code). What to do next (blacklist a host, form, wait, re-form, give up) is decided by the pure
+:class:`~ringtrain.launch.elastic_policy.ElasticPolicy`; the driver acts on its decisions.
 """
 
 from __future__ import annotations
@@ -36,9 +43,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, cast
 
 from ringtrain.engine import elastic_rendezvous as rdzv
 from ringtrain.engine import job_store
@@ -49,7 +57,6 @@ from ringtrain.exceptions import UsageError
 from ringtrain.launch import link, store_host, supervision
 from ringtrain.launch.config import LaunchConfig, worker_environment
 from ringtrain.launch.elastic_hosts import (
-    DEFAULT_FAILURES_TO_BLACKLIST,
     DiscoveryError,
     FixedHosts,
     HostRegistry,
@@ -57,7 +64,18 @@ from ringtrain.launch.elastic_hosts import (
     Survivor,
     plan_generation,
 )
-from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN, UNREACHABLE_EXIT
+from ringtrain.launch.elastic_policy import (
+    DEFAULT_ELASTIC_TIMEOUT,
+    Action,
+    Cause,
+    Decision,
+    ElasticPolicy,
+    ElasticSettings,
+    HostAction,
+    Plan,
+    WorkerEnd,
+)
+from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN
 from ringtrain.launch.hosts import is_local_host
 from ringtrain.launch.places import PLACES
 from ringtrain.launch.remote import forwarded_environment
@@ -66,8 +84,6 @@ from ringtrain.launch.stopping import stopping_line
 
 #: Seconds between two runs of the discovery (horovodrun's DISCOVER_HOSTS_FREQUENCY_SECS).
 DISCOVERY_PERIOD = 1.0
-#: horovodrun's default --elastic-timeout (also HOROVOD_ELASTIC_TIMEOUT).
-DEFAULT_ELASTIC_TIMEOUT = 600.0
 #: Variables of an enclosing launcher that must not leak into workers (their rank comes from us).
 _FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -77,44 +93,16 @@ def log(message: str) -> None:
     print(f"ringtrain elastic: {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class ElasticSettings:
-    """The elastic part of a ``LaunchConfig``, with every default resolved."""
+class Phase(Enum):
+    """Where the job stands: the driver's loop runs the current phase's method each tick."""
 
-    num_proc: int
-    min_np: int
-    max_np: int | None
-    timeout: float
-    reset_limit: int | None
-    cooldown_range: tuple[int, int] | None
-    failures_to_blacklist: int
-
-    @classmethod
-    def from_config(cls, config: LaunchConfig, environ: Mapping[str, str]) -> ElasticSettings:
-        num_proc = config.num_proc or config.min_np or 1
-        timeout = config.elastic_timeout
-        if timeout is None:
-            timeout = _read_number(environ, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT, "seconds", 0)
-        failures = int(_read_number(environ, "RINGTRAIN_ELASTIC_FAILURES_TO_BLACKLIST",
-                                    DEFAULT_FAILURES_TO_BLACKLIST, "failed generations", 1))
-        return cls(num_proc=num_proc, min_np=config.min_np or num_proc, max_np=config.max_np,
-                   timeout=float(timeout), reset_limit=config.reset_limit,
-                   cooldown_range=config.cooldown_range,
-                   failures_to_blacklist=failures)
-
-
-def _read_number(environ: Mapping[str, str], name: str, default: float, unit: str, lowest: float) -> float:
-    text = environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= lowest or value == float("inf"):
-        raise UsageError(f"{name}={text!r} is not a number of {unit} >= {lowest:g}. HINT: set it to e.g. "
-                         f"{default:g}, or unset it.")
-    return value
+    WAITING_FOR_HOSTS = "waiting for the first generation's -np slots"
+    RUNNING = "a generation runs: joins, host updates"
+    BREAKING = "a generation broke: its members leave or exit"
+    RE_FORMING = "survivors wait for --min-np slots, then the next generation forms"
+    FINISHING = "a member finished: the others' exits"
+    STOPPING = "a stop signal arrived"
+    DONE = "the job is over (exit_code)"
 
 
 @dataclass
@@ -128,56 +116,135 @@ class Worker:
     reaped: bool = False
 
 
-class ElasticDriver:
-    """Runs one elastic job: ``ElasticDriver(config, environ).run()`` returns the launcher's exit code."""
+@dataclass
+class Generation:
+    """The newest generation formed: what RUNNING, BREAKING and FINISHING read and write (and the
+    failures of its members, until the next one forms)."""
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], ray_hosts: Any = None) -> None:
+    assignment: rdzv.Assignment
+    formed_at: float
+    #: Members that left it (their left keys), read again when the store's counter moves.
+    left: set[str] = field(default_factory=set)
+    left_count: int = 0
+    #: When it broke (a member failed or left) and its abort key was set; None while it runs.
+    broken_since: float | None = None
+    #: Members known to have reached ``hvd.init()`` (or killed for not reaching it).
+    joined: set[str] = field(default_factory=set)
+    #: Hosts with a failure counted against them in this generation (once each).
+    failed_hosts: set[str] = field(default_factory=set)
+    #: The slots of the last host update published, and the registry version last looked at.
+    notified: frozenset[tuple[str, int]] | None = None
+    checked_version: int = -1
+
+    @property
+    def number(self) -> int:
+        return self.assignment.generation
+
+    @property
+    def members(self) -> Mapping[str, rdzv.Slot]:
+        return self.assignment.workers
+
+
+@dataclass
+class Regrouping:
+    """The wait for the next generation (the first one too): what WAITING_FOR_HOSTS and RE_FORMING read."""
+
+    since: float
+    #: Members of the broken generation that left it alive and wait for the next one.
+    survivors: dict[str, Survivor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's look at the current generation's members: exit codes (None: running, or an exit not
+    reaped yet) and who left."""
+
+    codes: Mapping[str, int | None]
+    left: set[str]
+
+    @property
+    def succeeded(self) -> list[str]:
+        return [wid for wid, code in self.codes.items() if code == 0]
+
+    @property
+    def failed(self) -> list[str]:
+        return [wid for wid, code in self.codes.items() if code not in (None, 0)]
+
+    @property
+    def waiting(self) -> list[str]:
+        """Members still in the generation: neither exited nor left."""
+        return [wid for wid, code in self.codes.items() if code is None and wid not in self.left]
+
+
+class ElasticDriver:
+    """Runs one elastic job: ``ElasticDriver(config, environ).run()`` returns the launcher's exit code.
+
+    ``clock`` and ``sleep`` (seconds, monotonic) are the loop's and the host registry's; tests pass
+    their own and call :meth:`tick`.
+    """
+
+    server: job_store.JobStoreServer
+    store: job_store.JobStore
+
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], ray_hosts: Any = None, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        # --- what the job is (fixed for its whole run) ---
         self.config = config
         self.environ = dict(environ)
         self.settings = ElasticSettings.from_config(config, environ)
+        self.policy = ElasticPolicy(self.settings, start_timeout=config.start_timeout)
+        self.clock = clock
+        self.sleep = sleep
         #: ``--ray``: the Ray cluster's nodes are the hosts and each worker runs in an actor there
-        #: (a :class:`ringtrain.launch.ray_elastic.RayHosts`); None: hosts reached by ssh or locally.
+        #: (a :class:`ringtrain.launch.ray.elastic.RayHosts`); None: hosts reached by ssh or locally.
         self.ray_hosts = ray_hosts
+        self.discovery: Any
         if ray_hosts is not None:
             self.discovery = ray_hosts
         elif config.host_discovery_script:
-            self.discovery: Any = ScriptDiscovery(config.host_discovery_script, config.slots_per_host,
+            self.discovery = ScriptDiscovery(config.host_discovery_script, config.slots_per_host,
                                                   timeout=max(config.start_timeout, 10.0))
         elif config.hosts:
             self.discovery = FixedHosts({h.host: h.slots for h in config.hosts}, "-H/--hostfile")
         else:
             self.discovery = FixedHosts({"localhost": self.settings.num_proc}, "this machine")
         self.registry = HostRegistry(cooldown_range=self.settings.cooldown_range,
-                                     failures_to_blacklist=self.settings.failures_to_blacklist)
+                                     failures_to_blacklist=self.settings.failures_to_blacklist, clock=clock)
         # the user's exported secret where there is one (RayExecutor elastic jobs hand theirs over)
         self.secret = store_host.node_secret(self.environ, whole_job_here=True) or job_store.new_secret()
-        self.lock = threading.Lock()
-        self.workers: dict[str, Worker] = {}
-        self.failures: list[RankFailure] = []
-        self.generation = 0
-        self.assignment: rdzv.Assignment | None = None
-        self.left: set[str] = set()
-        self.left_count = 0
-        self.broken_since: float | None = None
-        self.formed_at = 0.0
-        self.joined: set[str] = set()
-        self.failed_hosts: set[str] = set()
-        self.resets = 0
-        self.updates = 0
-        self.notified: frozenset[tuple[str, int]] | None = None
-        self.checked_version = -1
-        self.survivors: dict[str, Survivor] = {}
-        self.waiting_since: float | None = None
-        self.next_id = 0
-        self.signals = supervision.StopSignals()
         # A worker silent for this long is given up, as the static driver gives up a silent host.
         peer_timeout = float(read_knob("peer_timeout_s", self.environ))
         self.silence_limit = link.contact_timeout(peer_timeout)
         # an actor call each way per beat on Ray: beats as sparse as the silence limit allows there
         self.pulse = supervision.Pulse(link.sparse_beat_interval(peer_timeout) if ray_hosts is not None
                                        else link.beat_interval(peer_timeout))
+        # --- shared with the discovery thread and the signal handlers ---
+        self.lock = threading.Lock()
+        self.signals = supervision.StopSignals()
         self._stopping = threading.Event()
         self._discovery_problem: str | None = None
+        # --- the whole job's record ---
+        self.workers: dict[str, Worker] = {}
+        self.failures: list[RankFailure] = []
+        self.resets = 0
+        self.updates = 0
+        self.next_id = 0
+        self.exit_code: int | None = None
+        # --- the state: the phase, the newest generation, the wait for the next one ---
+        self.phase = Phase.WAITING_FOR_HOSTS
+        self.current: Generation | None = None
+        self.waiting: Regrouping | None = Regrouping(since=clock())
+        self._steps: dict[Phase, Callable[[], Phase]] = {
+            Phase.WAITING_FOR_HOSTS: self._waiting_for_hosts, Phase.RUNNING: self._running,
+            Phase.BREAKING: self._breaking, Phase.RE_FORMING: self._re_forming,
+            Phase.FINISHING: self._finishing, Phase.STOPPING: self._stop, Phase.DONE: lambda: Phase.DONE,
+        }
+
+    @property
+    def generation(self) -> int:
+        """The newest generation's number (0 before the first)."""
+        return self.current.number if self.current is not None else 0
 
     # --- the job store ---------------------------------------------------------------------------
     def _bind_host(self) -> str:
@@ -230,23 +297,39 @@ class ElasticDriver:
                 log(f"discovery: {listing}")
 
     def _loop(self) -> int:
-        self.waiting_since = time.monotonic()
-        while True:
-            if self.signals.first is not None:
-                log(stopping_line(self.signals.first, supervision.SHUTDOWN_GRACE, where=" on every host"))
-                log(f"stopped by {signal.Signals(self.signals.first).name}; every worker was stopped.")
-                return 128 + self.signals.first
+        assert self.waiting is not None
+        self.waiting.since = self.clock()
+        while self.tick() is not Phase.DONE:
+            self.sleep(supervision.TICK)
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def tick(self) -> Phase:
+        """One round: a stop signal ends the job; else the hosts' cooldowns, the workers' heartbeats and
+        exits, then the current phase's work, which says the next phase."""
+        if self.signals.first is not None:
+            self.phase = Phase.STOPPING
+        else:
             for back in self.registry.refresh():
                 log(f"host {back} is back from the blacklist (its cooldown ended)")
             self._watch_liveness()
             self._reap()
-            if self.assignment is None or self.waiting_since is not None:
-                result = self._try_to_form()
-            else:
-                result = self._watch_generation()
-            if result is not None:
-                return result
-            time.sleep(supervision.TICK)
+        self.phase = self._steps[self.phase]()
+        return self.phase
+
+    def _done(self, code: int) -> Phase:
+        self.exit_code = code
+        return Phase.DONE
+
+    def _stop(self) -> Phase:
+        """STOPPING: the workers are stopped once the loop ends (``run``)."""
+        signum = self.signals.first
+        assert signum is not None
+        decision = self.policy.on_stop(signum)
+        log(stopping_line(signum, supervision.SHUTDOWN_GRACE, where=" on every host"))
+        log(f"stopped by {signal.Signals(signum).name}; every worker was stopped.")
+        assert decision.exit_code is not None
+        return self._done(decision.exit_code)
 
     # --- workers coming and going ----------------------------------------------------------------
     def _watch_liveness(self) -> None:
@@ -258,22 +341,25 @@ class ElasticDriver:
                 group.kill()  # its ssh waits on a dead connection: nothing more will come through it
 
     def _reap(self) -> None:
-        members = self.assignment.workers if self.assignment else {}
+        members = self.current.members if self.current is not None else {}
+        survivors = self.waiting.survivors if self.waiting is not None else {}
         for wid, worker in self.workers.items():
             code = worker.group.poll()
             if worker.reaped or code is None:
                 continue
             worker.reaped = True
             slot = members.get(wid)
-            if wid in self.survivors and code != 0:
+            if wid in survivors and code != 0:
                 # A survivor died while waiting for the next generation.
-                del self.survivors[wid]
+                del survivors[wid]
                 self._record_failure(worker, code, rank=-1)
-            if slot is None or code == 0 or self.assignment is None:
+            if slot is None or code == 0:
                 continue
             self._record_failure(worker, code, rank=slot.rank)
 
     def _record_failure(self, worker: Worker, code: int, rank: int) -> None:
+        assert self.current is not None
+        failed_hosts = self.current.failed_hosts
         group = worker.group
         group.join_output(timeout=2.0)
         failure = RankFailure(host=group.host, rank=rank, local_rank=worker.local_rank, exitcode=code,
@@ -282,36 +368,38 @@ class ElasticDriver:
                               output_tail="".join(group.tail),
                               state="unreachable" if group.silent_for is not None else "")
         self.failures.append(failure)
-        reached = self.store.check([rdzv.alive_key(worker.wid)])
-        what = failure.status()
-        if group.silent_for is not None:
-            what = (f"lost contact with host {group.host}: no word from the worker for "
-                    f"{group.silent_for:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or the "
-                    "network to it is cut")
-        elif not reached and code == UNREACHABLE_EXIT:
-            what = "it could not reach the job store from its host"
-        elif not reached and group.unreachable():
-            what = group.describe_end(f"worker {worker.wid}") if self.ray_hosts is not None else \
-                f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
-        elif group.lost_contact():  # ssh's keep-alives gave up on the host before the heartbeats did
-            what = group.describe_end(f"worker {worker.wid}")
+        verdict = self.policy.judge_failure(WorkerEnd(
+            code=code, reached_store=self.store.check([rdzv.alive_key(worker.wid)]),
+            lost_heartbeat=group.silent_for is not None, unreachable=group.unreachable(),
+            lost_contact=group.lost_contact(), host_failed_already=group.host in failed_hosts))
+        what = self._failure_text(verdict.cause, worker, failure)
         log(f"worker {worker.wid} (rank {rank} on {group.host}) failed: {what}")
-        if not reached and (code == UNREACHABLE_EXIT or group.unreachable()):
+        if verdict.host is HostAction.BLACKLIST:
             # The host cannot run workers at all: no second try.
             self.registry.record_unreachable(group.host, f"worker {worker.wid}: {what}")
             log(f"host {group.host} is blacklisted: no worker can start there")
-        elif group.host not in self.failed_hosts:
-            self.failed_hosts.add(group.host)
+        elif verdict.host is HostAction.COUNT_FAILURE:
+            failed_hosts.add(group.host)
             if self.registry.record_failure(group.host, f"worker {worker.wid}: {what}"):
                 log(f"host {group.host} is blacklisted after repeated failures "
                     f"({self.registry.describe()})")
-        if self.ray_hosts is not None and group.lost_contact():
-            # A lost Ray node leaves the hosts now: the next generation may be planned before the
-            # discovery thread's next round (the Ray discovery leaves out nodes whose actors were lost).
-            with contextlib.suppress(DiscoveryError):
-                self.registry.update(self.discovery.find())
+        self._after_failure_on_ray(group)
 
-    def _start_worker(self, wid: str, slot: rdzv.Slot) -> None:
+    def _failure_text(self, cause: Cause, worker: Worker, failure: RankFailure) -> str:
+        group = worker.group
+        if cause is Cause.LOST_HEARTBEAT:
+            return (f"lost contact with host {group.host}: no word from the worker for "
+                    f"{group.silent_for or 0.0:.0f} s (RINGTRAIN_PEER_TIMEOUT_SECONDS): the host is down or "
+                    "the network to it is cut")
+        if cause is Cause.NO_JOB_STORE:
+            return "it could not reach the job store from its host"
+        if cause is Cause.NOT_STARTED:
+            return self._not_started_text(worker)
+        if cause is Cause.LOST_CONTACT:  # ssh's keep-alives gave up on the host before the heartbeats did
+            return group.describe_end(f"worker {worker.wid}")
+        return failure.status()
+
+    def _start_worker(self, wid: str, slot: rdzv.Slot, assignment: rdzv.Assignment) -> None:
         host = slot.hostname
         local = is_local_host(host)
         address = self._store_address_for(host, self.server.port)
@@ -320,24 +408,17 @@ class ElasticDriver:
             "HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": job_store.split_address(address)[0],
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
-            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(self.generation), job_store.ENV_ADDRESS: address,
+            rdzv.ENV_WORKER: wid, rdzv.ENV_GENERATION: str(assignment.generation),
+            job_store.ENV_ADDRESS: address,
         }
         # Workers sharing this machine (two host names of it count as one machine) share its cores.
         sharing = slot.local_size
-        if local and self.assignment is not None:
-            sharing = sum(1 for s in self.assignment.workers.values() if is_local_host(s.hostname))
+        if local:
+            sharing = sum(1 for s in assignment.workers.values() if is_local_host(s.hostname))
         ours.update(worker_environment(self.config, self.environ, sharing, local_only=False))
         argv = [sys.executable, "-u", "-m", "ringtrain.launch.elastic_worker", *self.config.command]
         if self.ray_hosts is not None:
-            # as over ssh: the launcher's variables travel, the secret goes on the worker's stdin
-            sent = {**ours, ENV_SECRET_ON_STDIN: "1", link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
-            forwarded = forwarded_environment(self.environ, sent)
-            for name in (ENV_SECRET, *_FOREIGN):
-                forwarded.pop(name, None)
-            group = self.ray_hosts.start(host, argv, forwarded, self.secret, slot.rank, self.lock)
-            self.workers[wid] = Worker(wid, slot.local_rank, group)
-            if self.config.verbose:
-                log(f"worker {wid} on Ray node {host}: agent pid {group.pid}")
+            self._start_on_ray(wid, slot, ours, argv)
         elif local:
             env = {k: v for k, v in self.environ.items()
                    if k not in _FOREIGN and not k.startswith("TORCHELASTIC_")}
@@ -351,7 +432,7 @@ class ElasticDriver:
             forwarded = {k: v for k, v in forwarded.items() if not k.startswith("TORCHELASTIC_")}
             group = self._spawn(wid, slot, "ssh", argv, forwarded)
             if self.config.verbose:
-                log(f"worker {wid} on {host}: {' '.join(group.proc.args)}")
+                log(f"worker {wid} on {host}: {' '.join(cast('list[str]', group.proc.args))}")
             # The secret travels on the ssh channel, never on the remote command line.
             link.send_secret(group.proc.stdin, self.secret)
 
@@ -362,7 +443,8 @@ class ElasticDriver:
         try:
             # talks=False: a worker speaks the link once it beats (a command exec'd as another
             # program never does, and its stdin gets nothing of ours)
-            group = PLACES[place](slot.hostname, argv, env, reach=reach, talks=False, lock=self.lock)
+            started = cast("type[supervision.ProcessGroup]", PLACES[place])  # local and ssh: processes
+            group = started(slot.hostname, argv, env, reach=reach, talks=False, lock=self.lock)
         except OSError as exc:
             program, fix = ("ssh", "install the ssh client") if place == "ssh" else \
                 (argv[0], "check the Python installation")
@@ -381,32 +463,58 @@ class ElasticDriver:
                 worker.group.wait(timeout=5.0)
             worker.group.join_output(timeout=2.0)
 
-    # --- forming a generation --------------------------------------------------------------------
-    def _try_to_form(self) -> int | None:
-        first = self.assignment is None
-        if not first and not self.survivors:
-            return self._fail("every worker failed, so no state is left to go on from")
-        need = self.settings.num_proc if first else self.settings.min_np
-        available = self.registry.available()
-        count = sum(slots for _, slots in available)
-        if count < need:
-            assert self.waiting_since is not None
-            waited = time.monotonic() - self.waiting_since
-            if waited > self.settings.timeout:
-                return self._fail(
-                    f"only {count} slot(s) usable, fewer than the {need} needed "
-                    f"({'-np' if first else '--min-np'} {need}), for --elastic-timeout "
-                    f"{self.settings.timeout:g} s ({self.registry.describe()}; hosts from "
-                    f"{self.discovery.describe()}). HINT: add hosts or slots, lower --min-np, or raise "
-                    "--elastic-timeout.")
-            return None
-        plan = plan_generation(available, list(self.survivors.values()), self.settings.max_np)
-        kept = [wid for wid, _ in plan if wid is not None]
-        if not first and not kept:
-            return self._fail("no surviving worker has a slot in the next generation, so nobody holds the "
-                              f"committed state to broadcast ({self.registry.describe()}). HINT: raise "
-                              "--max-np, or keep the hosts of the running workers in the discovery output.")
-        self.generation += 1
+    # --- Ray's parts (--ray: the hosts are Ray nodes, each worker runs in an actor there) ----------
+    def _start_on_ray(self, wid: str, slot: rdzv.Slot, ours: dict[str, str], argv: list[str]) -> None:
+        # as over ssh: the launcher's variables travel, the secret goes on the worker's stdin
+        sent = {**ours, ENV_SECRET_ON_STDIN: "1", link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
+        forwarded = forwarded_environment(self.environ, sent)
+        for name in (ENV_SECRET, *_FOREIGN):
+            forwarded.pop(name, None)
+        group = self.ray_hosts.start(slot.hostname, argv, forwarded, self.secret, slot.rank, self.lock)
+        self.workers[wid] = Worker(wid, slot.local_rank, group)
+        if self.config.verbose:
+            log(f"worker {wid} on Ray node {slot.hostname}: agent pid {group.pid}")
+
+    def _not_started_text(self, worker: Worker) -> str:
+        """A worker its place could not start: the Ray actor's story, or ssh's last line."""
+        group = worker.group
+        if self.ray_hosts is not None:
+            return group.describe_end(f"worker {worker.wid}")
+        return f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
+
+    def _after_failure_on_ray(self, group: supervision.RankGroup) -> None:
+        if self.ray_hosts is not None and group.lost_contact():
+            # A lost Ray node leaves the hosts now: the next generation may be planned before the
+            # discovery thread's next round (the Ray discovery leaves out nodes whose actors were lost).
+            with contextlib.suppress(DiscoveryError):
+                self.registry.update(self.discovery.find())
+
+    # --- between generations: WAITING_FOR_HOSTS and RE_FORMING ---------------------------------
+    def _waiting_for_hosts(self) -> Phase:
+        """The first generation: -np slots (within --elastic-timeout)."""
+        return self._form_or_wait(first=True)
+
+    def _re_forming(self) -> Phase:
+        """The next generation: --min-np slots (within --elastic-timeout) and a survivor placed in it."""
+        return self._form_or_wait(first=False)
+
+    def _form_or_wait(self, first: bool) -> Phase:
+        waiting = self.waiting
+        assert waiting is not None
+        decision = self.policy.formation(first=first, survivors=list(waiting.survivors.values()),
+                                         available=self.registry.available(),
+                                         waited=self.clock() - waiting.since,
+                                         hosts=self.registry.describe(), source=self.discovery.describe())
+        if decision.action is Action.WAIT_FOR_HOSTS:
+            return self.phase
+        if decision.action is Action.GIVE_UP:
+            return self._give_up(decision)
+        self._form(decision.plan)
+        return Phase.RUNNING
+
+    def _form(self, plan: Plan) -> None:
+        """Publish the next generation and start its new workers (survivors keep theirs)."""
+        number = self.generation + 1
         workers = {}
         new = []
         for wid, slot in plan:
@@ -415,100 +523,117 @@ class ElasticDriver:
                 wid = f"w{self.next_id}"
                 new.append((wid, slot))
             workers[wid] = slot
-        self.assignment = rdzv.Assignment(self.generation, self.updates, workers)
-        self.store.set(rdzv.assignment_key(self.generation), self.assignment.to_json())
-        self.store.set(rdzv.CURRENT, str(self.generation))
+        assignment = rdzv.Assignment(number, self.updates, workers)
+        self.store.set(rdzv.assignment_key(number), assignment.to_json())
+        self.store.set(rdzv.CURRENT, str(number))
         for wid, slot in new:
-            self._start_worker(wid, slot)
+            self._start_worker(wid, slot, assignment)
         hosts = ",".join(f"{s.hostname}[{s.local_rank}]" for s in workers.values())
-        log(f"generation {self.generation}: {len(workers)} worker(s) on {hosts}" +
+        log(f"generation {number}: {len(workers)} worker(s) on {hosts}" +
             (f"; started {', '.join(w for w, _ in new)}" if new else ""))
-        self.survivors = {}
-        self.left = set()
-        self.left_count = 0
-        self.broken_since = None
-        self.formed_at = time.monotonic()
-        self.joined = set()
-        self.failed_hosts = set()
-        self.waiting_since = None
-        self.notified = None
-        self.checked_version = -1
-        return None
+        self.current = Generation(assignment, formed_at=self.clock())
+        self.waiting = None
 
-    # --- a running generation --------------------------------------------------------------------
-    def _watch_generation(self) -> int | None:
-        assert self.assignment is not None
-        members = self.assignment.workers
-        g = self.generation
-        count = int(self.store.add(rdzv.left_count_key(g), 0))
-        if count != self.left_count:
-            self.left_count = count
-            for wid in members:
-                if wid not in self.left and self.store.check([rdzv.left_key(g, wid)]):
-                    self.left.add(wid)
+    # --- a generation: RUNNING, BREAKING, FINISHING --------------------------------------------
+    def _observe(self) -> tuple[Generation, Observation]:
+        gen = self.current
+        assert gen is not None
+        count = int(self.store.add(rdzv.left_count_key(gen.number), 0))
+        if count != gen.left_count:
+            gen.left_count = count
+            for wid in gen.members:
+                if wid not in gen.left and self.store.check([rdzv.left_key(gen.number, wid)]):
+                    gen.left.add(wid)
         # Only exits _reap has seen count: a failure is recorded before it changes the generation.
         codes = {wid: self.workers[wid].group.poll() if self.workers[wid].reaped else None
-                 for wid in members}
-        succeeded = [wid for wid, code in codes.items() if code == 0]
-        failed = [wid for wid, code in codes.items() if code not in (None, 0)]
-        waiting = [wid for wid, code in codes.items() if code is None and wid not in self.left]
-        if succeeded:
-            return self._finish(codes)
-        if (failed or self.left) and self.broken_since is None:
-            self.broken_since = time.monotonic()
-            reason = (f"worker {failed[0]} failed" if failed
-                      else f"worker {sorted(self.left)[0]} left generation {g}")
-            self.store.set(rdzv.abort_key(g), reason)
-        if self.broken_since is None:
-            self._check_joined()
-            self._check_host_updates()
-            return None
-        if waiting:
-            if time.monotonic() - self.broken_since > self.settings.timeout:
-                for wid in waiting:
-                    log(f"worker {wid} did not leave generation {g} within --elastic-timeout "
+                 for wid in gen.members}
+        return gen, Observation(codes, gen.left)
+
+    def _running(self) -> Phase:
+        """Members join, hosts change; a member that exits 0 ends the job, one that fails or leaves
+        breaks the generation."""
+        gen, seen = self._observe()
+        if seen.succeeded:
+            return self._finishing(seen)
+        if seen.failed or gen.left:
+            gen.broken_since = self.clock()
+            reason = (f"worker {seen.failed[0]} failed" if seen.failed
+                      else f"worker {sorted(gen.left)[0]} left generation {gen.number}")
+            self.store.set(rdzv.abort_key(gen.number), reason)
+            return self._breaking(seen)
+        self._check_joined(gen)
+        self._check_host_updates(gen)
+        return Phase.RUNNING
+
+    def _breaking(self, seen: Observation | None = None) -> Phase:
+        """The generation broke: once every member has left or exited, re-form (or give up)."""
+        gen, seen = self._observe() if seen is None else (self._current(), seen)
+        if seen.succeeded:
+            return self._finishing(seen)
+        if seen.waiting:
+            assert gen.broken_since is not None
+            if self.policy.overdue_leaving(self.clock() - gen.broken_since):
+                for wid in seen.waiting:
+                    log(f"worker {wid} did not leave generation {gen.number} within --elastic-timeout "
                         f"{self.settings.timeout:g} s after it broke; killing it")
                     self.workers[wid].group.kill()
-            return None
-        # Every member has left or exited: re-form.
-        if self.settings.reset_limit is not None and self.resets >= self.settings.reset_limit:
-            return self._fail(f"the group broke again after --reset-limit {self.settings.reset_limit} "
-                              "re-formation(s). HINT: raise --reset-limit, or look at the root cause below.")
-        self.resets += 1
-        self.survivors = {wid: Survivor(wid, members[wid].hostname, members[wid].local_rank,
-                                        members[wid].rank)
-                          for wid in self.left if codes[wid] is None}
-        self.waiting_since = time.monotonic()
+            return Phase.BREAKING
+        decision = self.policy.after_break(resets=self.resets, failed=len(seen.failed))
+        if decision.action is Action.GIVE_UP:
+            return self._give_up(decision)
+        self.resets = decision.reset
+        members = gen.members
+        survivors = {wid: Survivor(wid, members[wid].hostname, members[wid].local_rank, members[wid].rank)
+                     for wid in gen.left if seen.codes[wid] is None}
+        self.waiting = Regrouping(since=self.clock(), survivors=survivors)
         limit = "" if self.settings.reset_limit is None else f" of at most {self.settings.reset_limit}"
-        if failed:
-            log(f"generation {g} broke: {len(failed)} worker(s) failed, {len(self.survivors)} wait to go on; "
-                f"re-forming the group (reset {self.resets}{limit})")
+        if decision.after_failure:
+            log(f"generation {gen.number} broke: {len(seen.failed)} worker(s) failed, {len(survivors)} wait "
+                f"to go on; re-forming the group (reset {self.resets}{limit})")
         else:
-            log(f"generation {g} ends: its {len(self.survivors)} worker(s) re-form the group for the changed "
-                f"hosts (reset {self.resets}{limit})")
-        return None
+            log(f"generation {gen.number} ends: its {len(survivors)} worker(s) re-form the group for the "
+                f"changed hosts (reset {self.resets}{limit})")
+        return Phase.RE_FORMING
 
-    def _check_joined(self) -> None:
+    def _finishing(self, seen: Observation | None = None) -> Phase:
+        """A member exited 0: the job is over once every member has exited."""
+        if seen is None:
+            _, seen = self._observe()
+        decision = self.policy.ending(seen.codes, seen.left)
+        if decision.action is Action.WAIT_FOR_EXITS:
+            if decision.stop_waiting:
+                self.store.set(rdzv.STOP, "a worker finished the job while others waited to re-form")
+            return Phase.FINISHING
+        if decision.action is Action.FINISH:
+            if self.resets:
+                log(f"job finished after {self.resets} re-formation(s) of the group "
+                    f"({self.generation} generations)")
+            return self._done(0)
+        return self._give_up(decision)
+
+    def _current(self) -> Generation:
+        assert self.current is not None
+        return self.current
+
+    def _check_joined(self, gen: Generation) -> None:
         """A member that never reaches ``hvd.init()`` would hold the others forever: bounded here."""
-        assert self.assignment is not None
-        missing = [wid for wid in self.assignment.workers if wid not in self.joined]
+        missing = [wid for wid in gen.members if wid not in gen.joined]
         for wid in missing:
-            if self.store.check([rdzv.joined_key(self.generation, wid)]):
-                self.joined.add(wid)
-            elif time.monotonic() - self.formed_at > self.settings.timeout + self.config.start_timeout:
+            if self.store.check([rdzv.joined_key(gen.number, wid)]):
+                gen.joined.add(wid)
+            elif self.policy.overdue_joining(self.clock() - gen.formed_at):
                 log(f"worker {wid} did not reach hvd.init() within --start-timeout + --elastic-timeout "
                     f"({self.config.start_timeout:g} + {self.settings.timeout:g} s) of generation "
-                    f"{self.generation}; killing it")
+                    f"{gen.number}; killing it")
                 self.workers[wid].group.kill()
-                self.joined.add(wid)  # its exit is a failure like any other
+                gen.joined.add(wid)  # its exit is a failure like any other
 
-    def _check_host_updates(self) -> None:
+    def _check_host_updates(self, gen: Generation) -> None:
         """Publish a host update when the usable hosts would change the running generation."""
-        if self.registry.version == self.checked_version:
+        if self.registry.version == gen.checked_version:
             return
-        self.checked_version = self.registry.version
-        assert self.assignment is not None
-        members = self.assignment.workers
+        gen.checked_version = self.registry.version
+        members = gen.members
         current = frozenset((s.hostname, s.local_rank) for s in members.values())
         available = self.registry.available()
         desired: frozenset[tuple[str, int]] = frozenset()
@@ -516,9 +641,9 @@ class ElasticDriver:
             survivors = [Survivor(w, s.hostname, s.local_rank, s.rank) for w, s in members.items()]
             desired = frozenset((s.hostname, s.local_rank)
                                 for _, s in plan_generation(available, survivors, self.settings.max_np))
-        if desired == current or desired == self.notified:
+        if desired == current or desired == gen.notified:
             return
-        self.notified = desired
+        gen.notified = desired
         result = (2 if desired - current else 0) | (1 if current - desired else 0)
         self.updates += 1
         update = {"timestamp": time.time(), "result": result}
@@ -530,20 +655,9 @@ class ElasticDriver:
         log(f"hosts changed ({'; '.join(parts)}): the workers re-form at their next state.commit()")
 
     # --- the end ---------------------------------------------------------------------------------
-    def _finish(self, codes: Mapping[str, int | None]) -> int | None:
-        """A member exited 0: the job is over once every member has exited."""
-        if any(code is None for code in codes.values()):
-            if any(wid in self.left for wid, code in codes.items() if code is None):
-                self.store.set(rdzv.STOP, "a worker finished the job while others waited to re-form")
-            return None
-        if all(code == 0 for code in codes.values()):
-            if self.resets:
-                log(f"job finished after {self.resets} re-formation(s) of the group "
-                    f"({self.generation} generations)")
-            return 0
-        return self._fail("")
-
-    def _fail(self, reason: str) -> int:
+    def _give_up(self, decision: Decision) -> Phase:
+        """Say why the job stops (with the root cause, where a worker failed) and end it."""
+        reason = decision.reason
         if reason:
             log(f"the job stops: {reason}")
         root = earliest(self.failures)
@@ -551,7 +665,8 @@ class ElasticDriver:
             print(format_report(root, len(self.failures), others=self.failures), file=sys.stderr, flush=True)
         elif not reason:
             log("the job failed without a worker failure on record")
-        return 1
+        assert decision.exit_code is not None
+        return self._done(decision.exit_code)
 
 
 def launch_elastic(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
