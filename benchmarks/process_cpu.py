@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 TICK = os.sysconf("SC_CLK_TCK")
 
-#: What a Ray node's bridge (ringtrain.launch.ray_bridge) has on its command line.
-BRIDGE = "ringtrain.launch.ray_bridge"
+#: What a Ray node's bridge (ringtrain.launch.ray.bridge) has on its command line.
+BRIDGE = "ringtrain.launch.ray.bridge"
 #: Roles, in the order the report lists them.
 ROLES = ("ranks", "driver", "agent", "bridge", "actors", "ray daemons", "benchmark", "other")
 

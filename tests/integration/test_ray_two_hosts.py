@@ -423,8 +423,8 @@ def test_ringtrain_run_ray_elastic_goes_on_without_a_lost_node(netns_hosts: Name
         seen = json.loads((out / f"epoch-{epoch}.json").read_text())["seen"]
         assert seen == [1] * ELASTIC_SAMPLES, f"epoch {epoch}: {seen}"
     assert json.loads((out / "result.json").read_text())["size"] == 1
-    # each worker's actor had the fixed-size driver's options (ray_actor.agent_actor): not Ray's worker
-    # niceness (15) but the Ray nodes', as this process's
+    # each worker's actor had the fixed-size driver's options (agent_actor in launch/ray/actor.py): not
+    # Ray's worker niceness (15) but the Ray nodes', as this process's
     progress = {p.name: json.loads(p.read_text()) for p in out.glob("progress-*.json")}
     assert {body["host"] for body in progress.values()} == {address_a, address_b}, progress
     assert {body["nice"] for body in progress.values()} == {os.getpriority(os.PRIO_PROCESS, 0)}, progress

@@ -88,7 +88,7 @@ def test_a_cluster_that_cannot_place_the_job_after_connecting_stays_exit_1(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Past the connection the cluster is there, and its failures are the job's (exit 1), not misuse."""
     from ringtrain.cli.main import main
-    from ringtrain.launch import ray_driver
+    from ringtrain.launch.ray import driver as ray_driver
     from ringtrain.ray import cluster
 
     def no_room(*_: object, **__: object) -> None:

@@ -229,7 +229,7 @@ def test_a_ray_job_refuses_what_ray_cannot_do_here(fields, needle):
 
 def test_a_ray_job_travels_in_the_ranks_command_not_in_a_file_of_this_machine(monkeypatch):
     """Ranks on other Ray nodes cannot read the launcher's temp folder: the job is in their command."""
-    from ringtrain.launch import ray_driver
+    from ringtrain.launch.ray import driver as ray_driver
 
     seen = []
     monkeypatch.setattr(ray_driver, "launch_on_ray", lambda config, environ=None: seen.append(config) or 0)

@@ -108,7 +108,7 @@ class LaunchConfig:
     """Elastic: blacklist cooldown bounds in seconds (None: a blacklisted host never comes back)."""
     ray: str | None = None
     """``--ray [ADDRESS]``: run one agent per Ray node as a Ray actor (None: not on Ray; ``auto``: the
-    cluster ``RAY_ADDRESS`` names, else the one started on this machine). See launch/ray_driver.py."""
+    cluster ``RAY_ADDRESS`` names, else the one started on this machine). See launch/ray/driver.py."""
     ray_cpus_per_rank: float = 1.0
     """``--ray-cpus-per-rank``: CPUs the placement group reserves for each rank."""
     ray_gpus_per_rank: float = 0.0

@@ -1,6 +1,6 @@
 """``launch(config)``: the one entry point of every job, fixed-size or elastic, on any backend.
 
-It chooses the driver once, from the configuration: Ray's (``--ray``, :mod:`ringtrain.launch.ray_driver`,
+It chooses the driver once, from the configuration: Ray's (``--ray``, :mod:`ringtrain.launch.ray.driver`,
 loaded only then), the elastic driver (``--min-np``/``--max-np``/``--host-discovery-script``,
 :mod:`ringtrain.launch.elastic_driver`) or the fixed-size one (:mod:`ringtrain.launch.driver`: this node,
 hosts, an ``srun`` step). ``ringtrain run``, ``ringtrain train``, ``ringtrain.run(fn)`` and a node's agent
@@ -37,7 +37,7 @@ def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
         sys.stdout.flush()
         return 0
     if config.ray is not None:
-        from ringtrain.launch.ray_driver import launch_on_ray  # the ray extra: loaded for --ray only
+        from ringtrain.launch.ray.driver import launch_on_ray  # the ray extra: loaded for --ray only
 
         return launch_on_ray(config, environ)
     if config.elastic:

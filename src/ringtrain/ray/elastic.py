@@ -1,7 +1,7 @@
 """Elastic jobs of the Ray executors: ``ElasticRayExecutor`` and ``RayExecutor(min_workers=...)``.
 
 Both run ``fn`` as an elastic job of ``ringtrain run --ray ADDRESS --min-np N --max-np M`` (the elastic
-driver over the Ray cluster's living nodes, launch/ray_elastic.py) started as a child process of this
+driver over the Ray cluster's living nodes, launch/ray/elastic.py) started as a child process of this
 one, on the cluster this process is connected to: a worker lost with its node is replaced from the
 cluster's free CPUs, or the job goes on with the workers left while at least the minimum remain;
 ``hvd.elastic.run`` restores the committed state as with any ``ringtrain run --min-np`` job

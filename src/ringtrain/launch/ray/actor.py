@@ -1,12 +1,12 @@
 """The Ray actor of ``ringtrain run --ray``: it starts one node's agent, as its child or behind a bridge.
 
-Two ways, one per driver. The fixed-size driver (:mod:`ringtrain.launch.ray_driver`) has the actor
+Two ways, one per driver. The fixed-size driver (:mod:`ringtrain.launch.ray.driver`) has the actor
 start the agent behind a bridge of its own (:meth:`NodeAgentActor.start_bridge`,
-:mod:`ringtrain.launch.ray_bridge`) and then ends the actor; its side is
-:class:`ringtrain.launch.places.ray_bridged.BridgedRayGroup`. The elastic driver
-(:mod:`ringtrain.launch.ray_elastic`) keeps each worker's actor for the worker's life, the worker its
+:mod:`ringtrain.launch.ray.bridge`) and then ends the actor; its side is
+:class:`ringtrain.launch.ray.bridged_group.BridgedRayGroup`. The elastic driver
+(:mod:`ringtrain.launch.ray.elastic`) keeps each worker's actor for the worker's life, the worker its
 child and its pipes held here (:meth:`NodeAgentActor.start`); its side is
-:class:`ringtrain.launch.places.ray.RayGroup`.
+:class:`ringtrain.launch.ray.group.RayGroup`.
 
 Kept apart from :mod:`ringtrain.launch.places` (whose modules import torch through the job store):
 every bundle of the job's placement group starts one of these actors, and each imports this module
@@ -111,7 +111,7 @@ class NodeAgentActor:
         shows in Ray's task listings) becomes the first line of its stdin. Returns the agent's pid."""
         import ray
 
-        from ringtrain.launch.ray_bridge import start_agent
+        from ringtrain.launch.ray.bridge import start_agent
 
         # the link's first line (as store_host.send_secret writes it, which would import torch here)
         value = (ray.get(secret[0]) if secret else None) or ""
@@ -127,7 +127,7 @@ class NodeAgentActor:
 
     def start_bridge(self, argv: Sequence[str], env: Mapping[str, str], secret: Sequence[Any],
                      cwd: str | None, driver: Sequence[Any], node: int, token: Sequence[Any]) -> int:
-        """Start the node's agent behind a bridge of its own (:mod:`ringtrain.launch.ray_bridge`) that
+        """Start the node's agent behind a bridge of its own (:mod:`ringtrain.launch.ray.bridge`) that
         outlives this actor: it connects to the driver at ``driver`` (host, port) as node ``node``,
         proving ``token`` (a one-element list holding an object reference, as ``secret``), and watches
         this node's raylet. ``argv``, ``env``, ``secret`` and ``cwd`` as :meth:`start`. Returns the
@@ -141,7 +141,7 @@ class NodeAgentActor:
                  "driver_host": str(driver[0]), "driver_port": int(driver[1]), "node": int(node),
                  # the raylet started this worker process: its pid is in Ray's variable, or our parent's
                  "raylet_pid": int(os.environ.get("RAY_RAYLET_PID") or os.getppid())}
-        bridge = subprocess.Popen([sys.executable, "-m", "ringtrain.launch.ray_bridge"],
+        bridge = subprocess.Popen([sys.executable, "-m", "ringtrain.launch.ray.bridge"],
                                   env=agent_environment(os.environ, {}), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, start_new_session=True)
         out, _ = bridge.communicate(json.dumps(order).encode() + b"\n", timeout=60)

@@ -1,14 +1,14 @@
 """A group of ranks on one Ray node whose agent talks to the driver over a bridge, not through an actor.
 
-The fixed-size ``ringtrain run --ray`` job's place (:class:`~ringtrain.launch.ray_driver.RayJob`). Its
-node actor starts the agent behind a bridge (:mod:`ringtrain.launch.ray_bridge`), which connects back
+The fixed-size ``ringtrain run --ray`` job's place (:class:`~ringtrain.launch.ray.driver.RayJob`). Its
+node actor starts the agent behind a bridge (:mod:`ringtrain.launch.ray.bridge`), which connects back
 to this driver and proves the node's one-time token; then the actor is ended. From there the group
 is what an ssh host's is: the agent's output comes as it is written, the link's heartbeats and
 requests go to the agent's stdin, and no Ray call is made while the job runs (an actor call per
 output line and per heartbeat, and the actor's own worker process, cost CPU that the ranks lose).
 
-A lost node: the bridge says its raylet ended (:data:`~ringtrain.launch.ray_bridge.LOST`), or the
-connection breaks; the group then ends at once with :data:`~ringtrain.launch.places.ray.LOST_EXIT`
+A lost node: the bridge says its raylet ended (:data:`~ringtrain.launch.ray.bridge.LOST`), or the
+connection breaks; the group then ends at once with :data:`~ringtrain.launch.ray.group.LOST_EXIT`
 and names its node and ranks, as the actor's group does. A node that goes silent (its host down, the
 network cut) is given up after the link's silence limit, as an ssh host is.
 """
@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
 from ringtrain.engine.netutil import open_listener
-from ringtrain.launch import ray_bridge
 from ringtrain.launch.link import DriverEnd
-from ringtrain.launch.places.ray import KILL_WAIT_S, LOST_EXIT, RayGroup
+from ringtrain.launch.ray import bridge as ray_bridge
+from ringtrain.launch.ray.group import KILL_WAIT_S, LOST_EXIT, RayGroup
 from ringtrain.launch.supervision import Reach
 
 
@@ -196,7 +196,7 @@ class BridgedRayGroup(RayGroup):
 
     def kill(self) -> None:
         """SIGKILL to the agent's processes through the bridge; a group that has not ended
-        :data:`~ringtrain.launch.places.ray.KILL_WAIT_S` s after is given up here (its bridge
+        :data:`~ringtrain.launch.ray.group.KILL_WAIT_S` s after is given up here (its bridge
         unreachable: nothing more will come from it)."""
         if self._code is not None:
             return

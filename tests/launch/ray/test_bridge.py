@@ -1,7 +1,7 @@
 """A Ray node's bridge, without Ray: the test plays the driver (a listener, the handshake, frames) and
 a ``sleep`` process plays the node's raylet.
 
-Through Ray (the actor that starts it, a lost node) it is tested in tests/launch/test_ray_driver.py and
+Through Ray (the actor that starts it, a lost node) it is tested in tests/launch/ray/test_driver.py and
 tests/integration/test_ray_two_hosts.py.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.launch import ray_bridge
+from ringtrain.launch.ray import bridge as ray_bridge
 from tests.integration.system import wait_for
 from tests.processes import alive
 
@@ -84,7 +84,7 @@ def bridge(tmp_path: Path) -> Iterator[Started]:
         order = {"argv": ["/no/such/python", "-c", AGENT], "env": dict(os.environ), "cwd": str(tmp_path),
                  "secret": "s3cret", "token": TOKEN, "driver_host": "127.0.0.1",
                  "driver_port": listener.getsockname()[1], "node": 1, "raylet_pid": raylet.pid}
-        said = subprocess.run([sys.executable, "-m", "ringtrain.launch.ray_bridge"], capture_output=True,
+        said = subprocess.run([sys.executable, "-m", "ringtrain.launch.ray.bridge"], capture_output=True,
                               input=json.dumps(order).encode() + b"\n", timeout=60, check=True).stdout
         bridge_pid = int(said)
         listener.settimeout(60)
@@ -193,6 +193,6 @@ def test_frames_longer_than_the_limit_are_refused():
 @pytest.mark.slow
 def test_the_bridge_module_imports_no_torch():
     """It runs beside the ranks for the whole job: torch would cost seconds and memory for nothing."""
-    code = "import sys, ringtrain.launch.ray_bridge; print('torch' in sys.modules)"
+    code = "import sys, ringtrain.launch.ray.bridge; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """The Ray place's actor class, as a plain object (no Ray needed): it runs the agent's command as its
 child, hands it the secret line, relays its output in order and passes the link's requests on.
 
-Through Ray (actors, a lost node) it is tested in tests/launch/test_ray_driver.py and
+Through Ray (actors, a lost node) it is tested in tests/launch/ray/test_driver.py and
 tests/integration/test_ray_two_hosts.py.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ringtrain.launch.ray_actor import NodeAgentActor
+from ringtrain.launch.ray.actor import NodeAgentActor
 
 #: A stand-in agent: reads the secret line, says so, then echoes the link's lines until "stop".
 AGENT = """
@@ -67,13 +67,13 @@ def test_the_actor_module_imports_no_torch():
     """Every bundle's actor imports it first: torch would cost each seconds before the agent starts."""
     import subprocess
 
-    code = "import sys, ringtrain.launch.ray_actor; print('torch' in sys.modules)"
+    code = "import sys, ringtrain.launch.ray.actor; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 
 
 def test_the_agent_gets_the_actors_environment_less_what_ray_sets_for_its_worker():
-    from ringtrain.launch.ray_actor import agent_environment
+    from ringtrain.launch.ray.actor import agent_environment
 
     actor = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "RAY_worker_niceness": "0", "RAY_JOB_ID": "01000000",
              "RAY_RAYLET_PID": "42", "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "RAY_ADDRESS": "h:6379"}

@@ -11,9 +11,9 @@ over ssh. :class:`RayHosts` is both halves:
   names may repeat across nodes; an address may not among living nodes). A node where one of this
   job's actors was lost is left out for the rest of the job: Ray may count a node that just died
   alive for many seconds, and a node that comes back joins under a new node id, which is used again.
-- the place: one :class:`~ringtrain.launch.ray_actor.NodeAgentActor` per worker, pinned to its node
+- the place: one :class:`~ringtrain.launch.ray.actor.NodeAgentActor` per worker, pinned to its node
   (hard node affinity), running ``python -m ringtrain.launch.elastic_worker COMMAND`` as its child,
-  supervised from here by a :class:`~ringtrain.launch.places.ray.RayGroup` (output relay, heartbeats,
+  supervised from here by a :class:`~ringtrain.launch.ray.group.RayGroup` (output relay, heartbeats,
   stop and kill), with the job's secret on the worker's stdin as over ssh.
 
 Everything else (generations, state restore through ``hvd.elastic.run``, the blacklist, the
@@ -28,8 +28,8 @@ from typing import Any
 
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.hosts import is_local_host
-from ringtrain.launch.places.ray import RayGroup
-from ringtrain.launch.ray_actor import agent_actor
+from ringtrain.launch.ray.actor import agent_actor
+from ringtrain.launch.ray.group import RayGroup
 from ringtrain.launch.supervision import Reach
 
 #: Slack for CPU counts that are fractions (0.1 + 0.2 CPUs a rank must still count 3 ranks in 0.9).

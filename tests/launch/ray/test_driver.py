@@ -130,7 +130,7 @@ def test_each_node_keeps_the_one_actor_of_its_agent_and_the_group_keeps_every_bu
     """The actor of every other bundle ends once it said where it is (each is a Ray worker process that
     would cost the ranks CPU for the whole job); the placement group still holds that bundle's CPU."""
     from ringtrain.launch.config import LaunchConfig
-    from ringtrain.launch.ray_driver import place
+    from ringtrain.launch.ray.driver import place
 
     placement = place(LaunchConfig(command=("python", "x.py"), num_proc=2, ray="auto"))
     try:
@@ -172,8 +172,8 @@ def test_a_node_agent_runs_behind_its_bridge_once_its_actor_ended(local_cluster,
     the bridge's connection."""
     import io
 
-    from ringtrain.launch.places.ray_bridged import BridgedRayGroup
-    from ringtrain.launch.ray_actor import agent_actor
+    from ringtrain.launch.ray.actor import agent_actor
+    from ringtrain.launch.ray.bridged_group import BridgedRayGroup
 
     actor = agent_actor(1, 0).remote()
     node = ray.get(actor.where.remote(), timeout=60)
@@ -204,7 +204,7 @@ def test_a_node_agent_runs_behind_its_bridge_once_its_actor_ended(local_cluster,
 
 
 def test_node_0_is_the_drivers_own_ray_node_where_it_holds_ranks():
-    from ringtrain.launch.ray_driver import RayNode, driver_node_first
+    from ringtrain.launch.ray.driver import RayNode, driver_node_first
 
     nodes = [RayNode({"node_id": name}, [], 1, []) for name in ("b", "c", "a")]
     assert [n.node["node_id"] for n in driver_node_first(nodes, "a")] == ["a", "b", "c"]
@@ -216,8 +216,8 @@ def test_a_bridge_that_cannot_prove_the_token_is_refused_and_the_group_fails_nam
         local_cluster):
     """The bridge proves another token than the driver's (as an impostor would): the driver never admits
     it, and gives up after its timeout with the address the nodes must reach."""
-    from ringtrain.launch.places.ray_bridged import BridgedRayGroup
-    from ringtrain.launch.ray_actor import agent_actor
+    from ringtrain.launch.ray.actor import agent_actor
+    from ringtrain.launch.ray.bridged_group import BridgedRayGroup
 
     actor = agent_actor(1, 0).remote()
     node = ray.get(actor.where.remote(), timeout=60)

@@ -5,16 +5,16 @@ answers on fails within ``--start-timeout``); reserve a placement group, one bun
 (``PACK``) or, with ``--nproc-per-node K``, one bundle of K ranks per node (``STRICT_SPREAD``),
 each bundle ``--ray-cpus-per-rank`` CPUs and ``--ray-gpus-per-rank`` GPUs per rank (a group the
 cluster cannot fit fails after ``--ray-placement-timeout`` naming what was asked and what the cluster
-has); put one :class:`~ringtrain.launch.places.ray.NodeAgentActor` in every bundle, to learn which
+has); put one :class:`~ringtrain.launch.ray.group.NodeAgentActor` in every bundle, to learn which
 node each bundle went to; end all but the first actor of each node, which starts that node's agent
-behind a bridge (:mod:`ringtrain.launch.ray_bridge`) that connects back to this driver, and ends too
+behind a bridge (:mod:`ringtrain.launch.ray.bridge`) that connects back to this driver, and ends too
 (the placement group holds every bundle's CPUs and GPUs until the job ends). From there the job is a
 multi-host job like the ssh one (:class:`ringtrain.launch.driver.HostsJob`, each node a
-:class:`~ringtrain.launch.places.ray_bridged.BridgedRayGroup`): the same rendezvous on node 0 (the
+:class:`~ringtrain.launch.ray.bridged_group.BridgedRayGroup`): the same rendezvous on node 0 (the
 driver's own Ray node where it got ranks), the same relay with rank prefixes, the same root-cause
 report and ``--max-restarts``. A Ray node that is lost ends the job, its node and ranks named.
 
-With ``--min-np``/``--max-np`` the job is elastic instead (:mod:`ringtrain.launch.ray_elastic`): no
+With ``--min-np``/``--max-np`` the job is elastic instead (:mod:`ringtrain.launch.ray.elastic`): no
 placement group; the elastic driver starts one actor per worker on the cluster's living nodes and
 re-forms the job when a node goes or comes.
 """
@@ -31,15 +31,16 @@ from typing import Any
 
 from ringtrain.engine import auth
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import ray_bridge, store_host
+from ringtrain.launch import store_host
 from ringtrain.launch.config import LaunchConfig, exported_values
 from ringtrain.launch.driver import HostsJob, check_command, node_argv, node_config, prepare
 from ringtrain.launch.hosts import HostSlots
-from ringtrain.launch.places.ray import RayGroup
-from ringtrain.launch.places.ray_bridged import BridgedRayGroup
 from ringtrain.launch.plan import HostsPlan
 from ringtrain.launch.prechecks import require_ray
-from ringtrain.launch.ray_actor import agent_actor
+from ringtrain.launch.ray import bridge as ray_bridge
+from ringtrain.launch.ray.actor import agent_actor
+from ringtrain.launch.ray.bridged_group import BridgedRayGroup
+from ringtrain.launch.ray.group import RayGroup
 from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure
 
@@ -97,7 +98,7 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
         # nothing started: the cluster (or its address or token) is for the user to fix, as a bad flag is
         return 2
     if config.elastic:
-        from ringtrain.launch.ray_elastic import launch_elastic_on_ray
+        from ringtrain.launch.ray.elastic import launch_elastic_on_ray
 
         return launch_elastic_on_ray(config, environ)
     try:

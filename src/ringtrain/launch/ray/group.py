@@ -1,14 +1,14 @@
 """A group of ranks on one Ray node: a Ray actor there runs the node's agent (an elastic worker) as its
 child process, for as long as it runs.
 
-The elastic ``ringtrain run --ray --min-np`` (:mod:`ringtrain.launch.ray_elastic`) starts one
-:class:`~ringtrain.launch.ray_actor.NodeAgentActor` per worker. The actor starts the command
+The elastic ``ringtrain run --ray --min-np`` (:mod:`ringtrain.launch.ray.elastic`) starts one
+:class:`~ringtrain.launch.ray.actor.NodeAgentActor` per worker. The actor starts the command
 (``python -m ringtrain.launch.elastic_worker ...``) as a child process, so the ranks are ordinary
 processes and never import Ray. The actor holds the child's pipes: it writes what the driver sends (the
 secret, heartbeats, stop and kill requests of :mod:`ringtrain.launch.link`) on the child's stdin, and
 keeps its output lines until the driver fetches them (:meth:`NodeAgentActor.output`, a call that waits
 for lines, so output arrives as it is written without a busy loop). The fixed-size ``--ray`` job's
-agents run behind bridges instead, without their actors (:mod:`ringtrain.launch.places.ray_bridged`,
+agents run behind bridges instead, without their actors (:mod:`ringtrain.launch.ray.bridged_group`,
 which builds on this class).
 
 :class:`RayGroup` is the driver's side, a :class:`~ringtrain.launch.supervision.RankGroup`: a thread
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
 from ringtrain.launch.link import KILL_REQUEST, STOP_REQUEST
-from ringtrain.launch.ray_actor import FETCH_WAIT_S, NodeAgentActor
+from ringtrain.launch.ray.actor import FETCH_WAIT_S, NodeAgentActor
 from ringtrain.launch.supervision import Reach, RelayedGroup
 
 #: The exit status of a group whose actor died (its process or its node lost): no status came back.

@@ -1,6 +1,6 @@
 """``ringtrain run --ray --min-np``'s hosts: the Ray discovery, on node listings made here.
 
-A cluster too small for --min-np is in tests/launch/test_ray_driver.py (its local cluster); the node-loss
+A cluster too small for --min-np is in tests/launch/ray/test_driver.py (its local cluster); the node-loss
 run (one worker per Ray node, hostB's node killed, the job going on on hostA with every
 sample seen once) is in tests/integration/test_ray_two_hosts.py.
 """
@@ -13,7 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[test,ray]')")
 
-from ringtrain.launch.ray_elastic import RayHosts  # noqa: E402 - after the skip: the module needs ray
+from ringtrain.launch.ray.elastic import RayHosts  # noqa: E402 - after the skip: the module needs ray
 
 
 def node(node_id: str, address: str, alive: bool = True, **resources: float) -> dict:
@@ -55,7 +55,7 @@ def test_a_cluster_that_fails_to_answer_is_a_discovery_error(monkeypatch):
 
 
 def test_the_drivers_own_node_comes_first(monkeypatch):
-    from ringtrain.launch import ray_elastic
+    from ringtrain.launch.ray import elastic as ray_elastic
 
     listing = [node("a", "10.0.0.1", CPU=1.0), node("b", "10.0.0.2", CPU=1.0), node("c", "10.0.0.3", CPU=1.0)]
     monkeypatch.setattr(ray, "nodes", lambda: listing)
