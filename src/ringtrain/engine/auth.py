@@ -110,7 +110,8 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def proof(key: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes, claims: bytes = b"") -> bytes:
+def proof(key: bytes, role: bytes, server_nonce: bytes | bytearray, client_nonce: bytes | bytearray,
+          claims: bytes | bytearray = b"") -> bytes:
     """What ``role`` (``b"client"`` or ``b"server"``) sends to prove it knows ``key`` on this connection."""
     message = b"|".join((role, server_nonce, client_nonce, claims))
     return hmac.new(key, message, hashlib.sha256).digest()
@@ -121,6 +122,6 @@ def session_key(key: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return hmac.new(key, b"session|" + server_nonce + client_nonce, hashlib.sha256).digest()
 
 
-def same(a: bytes, b: bytes) -> bool:
+def same(a: bytes | bytearray, b: bytes | bytearray) -> bool:
     """Constant-time comparison (no timing hint about how many bytes matched)."""
     return hmac.compare_digest(a, b)

@@ -182,7 +182,7 @@ def _decode(hint: Any, value: Any) -> Any:
         return tuple(_decode(arg, item) for arg, item in zip(args, value))
     if origin is not None and issubclass(origin, Mapping):
         return dict(value)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
         names = {f.name for f in fields(hint)}
         unknown = sorted(set(value) - names)

@@ -242,7 +242,9 @@ def relaunch_with_srun(config: LaunchConfig, plan: SrunPlan) -> int:
     # srun hands its environment to every task: the secret reaches each node's agent there, not in argv.
     env = dict(os.environ)
     env[ENV_SECRET] = store_host.node_secret(env, whole_job_here=True) or ""
-    step = PLACES["srun"]("srun", srun, env)
+    srun_place = PLACES["srun"]
+    assert issubclass(srun_place, supervision.ProcessGroup)  # a child process: srun
+    step = srun_place("srun", srun, env)
     try:
         with forwarding(step.forward_signal):  # srun passes them on to every node's agent
             return step.wait()
@@ -328,10 +330,12 @@ class HostsJob:
         for k, (node, is_local) in enumerate(zip(nodes, self.local)):
             argv = node_argv(node_config(config, k, len(nodes), node.slots, endpoint, run_id, slots, hosts))
             place = PLACES["local" if is_local else "ssh"]
+            assert issubclass(place, supervision.ProcessGroup)  # local and ssh: child processes
             agent = place(node.host, argv, None if is_local else forwarded, reach=reach, lock=self.lock,
                           on_error_line=self._take_marker)
             if config.verbose and not is_local:
-                print(f"ringtrain run: node {k} on {node.host}: {' '.join(agent.proc.args)}", file=sys.stderr)
+                print(f"ringtrain run: node {k} on {node.host}: {' '.join(agent.command_line)}",
+                      file=sys.stderr)
             self.agents.append(agent)
             link.send_secret(agent.proc.stdin, secret)
 

@@ -71,6 +71,8 @@ def bind_address(host: str) -> str:
         return "0.0.0.0"
     for family, _, _, _, sockaddr in infos:
         address = sockaddr[0]
+        if not isinstance(address, str):  # an AF_INET or AF_INET6 address is a str
+            continue
         if address.startswith("127.") or address == "::1":
             continue  # e.g. Debian's 127.0.1.1 for the own host name: the others use another address
         try:

@@ -215,6 +215,8 @@ class ProcessGroup(RelayedGroup):
                  out: IO[str] | None = None, err: IO[str] | None = None) -> None:
         super().__init__(host, lock=lock, on_error_line=on_error_line, out=out, err=err)
         command, environment = self.command(list(argv), env, reach or Reach())
+        #: The child's command line (what :meth:`command` made of ``argv``).
+        self.command_line = command
         pipe = subprocess.PIPE if self.piped else None
         self.proc = subprocess.Popen(command, env=environment, stdin=pipe, stdout=pipe, stderr=pipe,
                                      start_new_session=self.own_session)

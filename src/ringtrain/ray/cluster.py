@@ -61,7 +61,7 @@ def connect(address: str | None, timeout_s: float,
                 ray.init(address=address, include_dashboard=False, **output)
             return
         except ConnectionError as exc:
-            if not client:
+            if not client or address is None:  # (a client always has an address)
                 raise
             if _session_server_died(exc) and attempt < CLIENT_SESSION_ATTEMPTS:
                 # Ray's client server starts one process per session; when that process dies at start

@@ -121,8 +121,13 @@ class RayExecutor:
         self.gpus_per_worker = gpus
         self.use_current_placement_group = use_current_placement_group
         self.address = address
-        self._size = (num_workers if num_hosts is None else num_hosts * num_workers_per_host) \
-            if min_workers is None else min_workers
+        if min_workers is not None:
+            self._size = min_workers
+        elif num_hosts is not None:
+            self._size = num_hosts * num_workers_per_host
+        else:
+            assert num_workers is not None  # refused above when all three are None
+            self._size = num_workers
         #: The worker actors in rank order (empty until ``start()``).
         self.workers: list[Any] = []
         self._places: list[RankPlace] = []
@@ -178,7 +183,7 @@ class RayExecutor:
             self._reservation = cluster.reserve(
                 {"CPU": cpus, "GPU": gpus}, self.num_workers, "PACK", 1,
                 self.settings.placement_group_timeout_s, self.use_current_placement_group)
-        actor = ray.remote(RayWorker)
+        actor: Any = ray.remote(RayWorker)  # an actor class; ray's overloads type it as a function
         created = [
             actor.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self._reservation.group, placement_group_bundle_index=bundle,
@@ -243,7 +248,8 @@ class RayExecutor:
         job's last generation). Each callback is called here with every value rank 0 logs meanwhile
         (:func:`ringtrain.ray.ray_logger.log`)."""
         if self._elastic is not None:
-            return self._elastic.run(fn, tuple(args or ()), dict(kwargs or {}), callbacks=callbacks)
+            return self._elastic.run(fn, tuple(args or ()), dict(kwargs or {}),
+                                     callbacks=None if callbacks is None else list(callbacks))
         self._check_started("run")
         with self._relayed(callbacks):
             return self._gather(self.run_remote(fn, args, kwargs), "run()")
@@ -342,6 +348,7 @@ class RayExecutor:
         died = [ref for ref in failed if isinstance(_failure(ref), RayActorError)]
         ref = min(died or failed, key=lambda r: index[r])
         position, error = index[ref], _failure(ref)
+        assert error is not None  # every ref in failed holds an error
         where = self._where(position)
         others = sorted(index[r] for r in failed if r is not ref)
         self.shutdown()

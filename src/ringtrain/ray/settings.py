@@ -58,7 +58,8 @@ def create_settings(timeout_s: float = 30, ssh_identity_file: str | None = None,
                     nics: str | Iterable[str] | None = None) -> RaySettings:
     """Settings for :class:`~ringtrain.ray.RayExecutor` (see :class:`RaySettings`)."""
     return RaySettings(timeout_s=timeout_s, placement_group_timeout_s=placement_group_timeout_s,
-                       nics=nics, ssh_identity_file=ssh_identity_file, ssh_str=ssh_str)
+                       nics=None if nics is None else _interface_names(nics),
+                       ssh_identity_file=ssh_identity_file, ssh_str=ssh_str)
 
 
 def resources_per_rank(cpus: Any, gpus: Any, use_gpu: bool, *, cpus_name: str, gpus_name: str) -> float:

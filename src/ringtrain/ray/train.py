@@ -63,7 +63,9 @@ class _RingtrainBackend(Backend):
     share_cuda_visible_devices: bool = True
     _server: job_store.JobStoreServer | None = None
 
-    def on_start(self, worker_group: Any, backend_config: RingtrainConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        # Ray Train passes the config whose backend_cls this is
+        assert isinstance(backend_config, RingtrainConfig)
         nodes: list[WorkerNode] = worker_group.execute(_where)
         places = places_of_ranks(nodes)
         self._close()
@@ -74,7 +76,7 @@ class _RingtrainBackend(Backend):
             place.rank, _join, worker_environ(place, address, backend_config.timeout_s, nics), [secret_ref])
             for place in places])
 
-    def on_shutdown(self, worker_group: Any, backend_config: RingtrainConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         self._close()
 
     def _close(self) -> None:

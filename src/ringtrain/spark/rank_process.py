@@ -15,8 +15,12 @@ import socket
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cloudpickle
+
+if TYPE_CHECKING:  # the annotation only: torch stays out of Spark's worker
+    from ringtrain.engine.job_store import JobStore
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +54,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _job_store():  # torch is imported here, in the rank, never in Spark's worker
+def _job_store() -> JobStore:  # torch is imported here, in the rank, never in Spark's worker
     from ringtrain.engine import job_store
     from ringtrain.engine.settings import read_knob
 

@@ -106,8 +106,11 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
         finally:
             server.close()
     finally:
-        if python is not None:
-            sc.pythonExec = chosen_before
+        if python is not None:  # put back what the context had (pyspark's own always has one)
+            if chosen_before is None:
+                del sc.pythonExec
+            else:
+                sc.pythonExec = chosen_before
     results: list[Any] = [None] * size
     for rank, host, value, rank_out, rank_err in sorted(records, key=lambda r: r[0]):
         results[rank] = value
@@ -370,6 +373,7 @@ class _Watch:
         return errors
 
     def _where(self, rank: int) -> str:
+        assert self.store is not None
         key = f"{self.job}/host/{rank}"
         return f" on host {self.store.get(key).decode()}" if self.store.check([key]) else ""
 

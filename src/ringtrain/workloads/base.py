@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ringtrain.workloads.dataset import TensorPairDataset
+from ringtrain.workloads.dataset import SizedDataset
 from ringtrain.workloads.sources import DataSource
 
 TASKS = {"classification": "accuracy", "regression": "rmse"}
@@ -77,8 +77,10 @@ class Workload(ABC):
         cache_dir: DataPath = None,
         subset: int | None = None,
         seed: int = 0,
-    ) -> tuple[TensorPairDataset, TensorPairDataset]:
+    ) -> tuple[SizedDataset, SizedDataset]:
         """The (train, test) datasets; ``subset`` keeps at most that many items of each (seeded choice).
+        Most are a :class:`~ringtrain.workloads.dataset.TensorPairDataset`; the synthetic one's are made
+        item by item.
 
         Raises DataError when the files are missing or malformed.
         """

@@ -12,7 +12,15 @@ from torch.utils.data import Dataset
 Features = torch.Tensor | tuple[torch.Tensor, ...]
 
 
-class TensorPairDataset(Dataset):
+class SizedDataset(Dataset):
+    """A map-style dataset that has a length, as every workload's does (torch's ``Dataset`` declares no
+    ``__len__``: samplers and the workloads' callers take it)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class TensorPairDataset(SizedDataset):
     """Items ``(features[i], targets[i])``; ``features`` may be a tuple of tensors (``model(*features)``)."""
 
     def __init__(self, features: Features, targets: torch.Tensor, classes: tuple[str, ...] = ()) -> None:

@@ -11,13 +11,14 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ringtrain.exceptions import DataError
 
 # MNIST uses only 0x08 (uint8); the others are in the format and cost nothing to support.
-_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-          0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_TYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"),
+                                    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 _GZIP_MAGIC = b"\x1f\x8b"
 
 

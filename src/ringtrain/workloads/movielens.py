@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -148,5 +149,5 @@ class MovieLensWorkload(Workload):
         self.mean_rating = float(train.targets.mean())
         return take_subset(train, subset, seed), take_subset(test, subset, seed + 1)
 
-    def _build(self, constructor: type[nn.Module]) -> nn.Module:
+    def _build(self, constructor: Callable[..., nn.Module]) -> nn.Module:
         return constructor(self.num_users, self.num_items, global_mean=self.mean_rating)

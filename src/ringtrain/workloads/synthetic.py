@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
 
 from ringtrain.workloads.base import DataPath, Defaults, Workload
-from ringtrain.workloads.dataset import TensorPairDataset, check_subset, take_subset
+from ringtrain.workloads.dataset import SizedDataset, TensorPairDataset, check_subset, take_subset
 from ringtrain.workloads.models.conv import SmallConvNet
 from ringtrain.workloads.models.recommender import BiasedMF, NeuralCF
 from ringtrain.workloads.models.resnet import resnet18_cifar
@@ -88,7 +88,7 @@ class Teacher:
         return (self._raw(latent) - self.mean) / self.std
 
 
-class SyntheticImages(Dataset):
+class SyntheticImages(SizedDataset):
     """The items of one split, made on demand from their own seeds (see the module's docstring)."""
 
     def __init__(self, workload: SyntheticImagesWorkload, split: int, size: int, seed: int) -> None:
@@ -143,14 +143,14 @@ class SyntheticImagesWorkload(Workload):
         like_shape, like_classes, like_size, like_test = LIKE[like] if like else LIKE["cifar10"]
         if like is None:  # CIFAR-shaped, but small enough for a run of about a minute
             like_size, like_test = 10_000, 2_000
-        shape = tuple(shape) if shape is not None else like_shape
-        if len(shape) != 3:
-            raise ValueError(f"shape={shape} must be (channels, height, width). HINT: pass e.g. (3, 32, 32).")
+        dims = tuple(shape) if shape is not None else like_shape
+        if len(dims) != 3:
+            raise ValueError(f"shape={dims} must be (channels, height, width). HINT: pass e.g. (3, 32, 32).")
         self.num_classes = num_classes if num_classes is not None else like_classes
         self.size = size if size is not None else like_size
-        _positive(channels=shape[0], height=shape[1], width=shape[2], num_classes=self.num_classes,
+        _positive(channels=dims[0], height=dims[1], width=dims[2], num_classes=self.num_classes,
                   size=self.size)
-        self.shape: tuple[int, int, int] = (int(shape[0]), int(shape[1]), int(shape[2]))
+        self.shape: tuple[int, int, int] = (int(dims[0]), int(dims[1]), int(dims[2]))
         if test_size is None:
             test_size = like_test if size is None else max(1, self.size // 5)
         self.test_size = test_size
@@ -181,7 +181,7 @@ class SyntheticImagesWorkload(Workload):
         cache_dir: DataPath = None,
         subset: int | None = None,
         seed: int = 0,
-    ) -> tuple[Dataset, Dataset]:
+    ) -> tuple[SizedDataset, SizedDataset]:
         check_subset(subset)
         _warn_unused(data_dir, download, cache_dir)
         n_train = min(self.size, subset or self.size)
@@ -190,7 +190,7 @@ class SyntheticImagesWorkload(Workload):
         test = SyntheticImages(self, _TEST, n_test, seed)
         return self._held(train), self._held(test)
 
-    def _held(self, split: SyntheticImages) -> Dataset:
+    def _held(self, split: SyntheticImages) -> SizedDataset:
         """In memory when it fits (whole-batch indexing is faster), else made item by item."""
         if split.size * 4 * math.prod(self.shape) <= IN_MEMORY_BYTES:
             return split.in_memory()
@@ -240,5 +240,5 @@ class SyntheticRatingsWorkload(Workload):
         train, test = full.select(torch.arange(n_test, self.size)), full.select(torch.arange(n_test))
         return take_subset(train, subset, seed), take_subset(test, subset, seed + 1)
 
-    def _build(self, constructor: type[nn.Module]) -> nn.Module:
+    def _build(self, constructor: Callable[..., nn.Module]) -> nn.Module:
         return constructor(self.num_users, self.num_items, global_mean=self.mean_rating)
