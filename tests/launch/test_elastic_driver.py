@@ -1,6 +1,6 @@
 """The elastic driver's state machine (launch/elastic_driver.py), tick by tick, without processes.
 
-The workers are fake groups (``PLACES``' local and ssh entries replaced, a fake ``RayHosts`` for
+The workers are fake groups (the driver's ``PLACES`` for local and ssh replaced, a fake ``RayHosts`` for
 ``--ray``), the job store a dict, the clock a number the test moves; discovery is the test calling
 ``registry.update``. A worker's moves (joining a generation, leaving it, exiting) are the keys its
 real counterpart would set in the store and the exit code its group would report. The real jobs
@@ -27,7 +27,6 @@ from ringtrain.launch.elastic_driver import ElasticDriver, Phase
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN, UNREACHABLE_EXIT
 from ringtrain.launch.hosts import HostSlots
-from ringtrain.launch.places import PLACES
 
 #: Host names the fake machine answers to (``is_local_host``); any other is "remote" (ssh).
 LOCAL = {"localhost", "127.0.0.1"}
@@ -154,8 +153,7 @@ class Job:
                  sleep: Callable[[float], None] | None = None) -> None:
         self.now = 1000.0
         self.groups: dict[str, FakeGroup] = {}
-        monkeypatch.setitem(PLACES, "local", self._start)
-        monkeypatch.setitem(PLACES, "ssh", self._start)
+        monkeypatch.setattr(elastic_driver, "PLACES", {"local": self._start, "ssh": self._start})
         monkeypatch.setattr(elastic_driver, "is_local_host", lambda host: host in LOCAL)
         monkeypatch.setattr(elastic_driver, "route_address", lambda host: "10.0.0.9")
         config = LaunchConfig(command=("python", "train.py"), num_proc=num_proc, min_np=min_np, max_np=max_np,
@@ -307,7 +305,8 @@ def test_a_killed_worker_is_replaced_its_host_blacklisted_then_back_after_its_co
 
 
 def test_a_host_failing_twice_is_blacklisted_and_min_np_ends_the_job_after_the_timeout(monkeypatch, capsys):
-    # tests/elastic/test_elastic_launch.py::test_a_host_failing_twice_... as decisions
+    # was a process test of tests/elastic/test_elastic_launch.py, every assertion of it here; its last one
+    # (no worker left after the job gave up) is kept there by test_reset_limit_ends_the_job_at_the_next_break
     job = Job(monkeypatch, min_np=2, timeout=3.0)
     formed(job, capsys, "generation 1:")
     job.join("w1", "w2")
