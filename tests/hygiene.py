@@ -40,9 +40,10 @@ GRACE_S = 2.0
 
 
 #: Variables that libraries set in the test process themselves, not the tests: pytest rewrites
-#: PYTEST_CURRENT_TEST at every phase of every test; torch's inductor writes its default
-#: TORCHINDUCTOR_CACHE_DIR into os.environ at the first use of its cache (torch/_inductor/runtime/
-#: cache_dir_utils.py), in whichever test reaches it first; importing ray sets RAY_CLIENT_MODE=0
+#: PYTEST_CURRENT_TEST at every phase of every test; torch writes its default TORCHINDUCTOR_CACHE_DIR
+#: into os.environ when torch._dynamo is first imported (the first optimizer built imports it:
+#: torch/_dynamo/package.py, torch/_inductor/runtime/cache_dir_utils.py), in whichever test builds
+#: one first; importing ray sets RAY_CLIENT_MODE=0
 #: (ray/_private/client_mode_hook.py), in whichever test imports it first.
 #: The value each may take (None: any).
 _LIBRARY_VARIABLES: dict[str, str | None] = {
