@@ -398,7 +398,7 @@ def tuning_env(args: argparse.Namespace) -> dict[str, str]:
         knob = engine_knobs.get(spec.variable)
         if knob is not None:
             try:
-                knob.kind.parse(_FlagOfKnob(spec.flag, value, knob), env[spec.variable])  # type: ignore[arg-type]
+                knob.kind.parse(_FlagOfKnob(spec.flag, value, knob), env[spec.variable])
             except SettingError as exc:
                 raise UsageError(str(exc)) from None
     return env

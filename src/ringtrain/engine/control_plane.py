@@ -476,7 +476,8 @@ class _MeshSetup:
         self.selector.register(sock, selectors.EVENT_WRITE, handshake)
 
     def _dial_failed(self, handshake: _Handshake, reason: str) -> None:
-        dial = self.dials[handshake.peer]  # type: ignore[index]
+        assert handshake.peer is not None  # only a dialed handshake fails its dial
+        dial = self.dials[handshake.peer]
         dial.current = None
         dial.errors.append(f"{handshake.source}: {reason}")
         dial.index += 1

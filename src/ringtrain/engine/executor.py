@@ -452,7 +452,11 @@ def run_alltoall(response: Response, request: Request, groups: SetGroups) -> Non
     tensor = request.inputs[0]
     my_rank_in_set = groups.extra["set_rank"]
     send_splits = list(request.meta.splits or ())
-    recv_splits = [response.metas[r].splits[my_rank_in_set] for r in groups.ranks]  # type: ignore[index]
+    recv_splits = []
+    for r in groups.ranks:
+        splits = response.metas[r].splits
+        assert splits is not None, "every rank's alltoall request carries its splits (ops/alltoall.py)"
+        recv_splits.append(splits[my_rank_in_set])
     row_shape = tuple(tensor.shape[1:])
     row_bytes = math.prod(row_shape) * tensor.element_size()
     out = torch.empty((sum(recv_splits), *row_shape), dtype=tensor.dtype, device=tensor.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsIndex
 
 
 class Handle:
@@ -51,9 +51,11 @@ class HandleManager:
 
     def issued(self, number: object) -> bool:
         """Whether ``number`` was handed out by :meth:`allocate` (live or already cleared)."""
+        if not isinstance(number, SupportsIndex):
+            return False
         try:
-            value = operator.index(number)  # type: ignore[arg-type]
-        except TypeError:
+            value = operator.index(number)
+        except TypeError:  # an __index__ that returns no int
             return False
         with self._lock:
             return 0 <= value < self._next

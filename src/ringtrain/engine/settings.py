@@ -20,12 +20,19 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ringtrain.exceptions import SettingError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+
+
+class Refuser(Protocol):
+    """What a kind's ``parse`` needs of its caller: the error for a value it refuses (a :class:`Knob`, or
+    the command line's flag that sets one)."""
+
+    def refuse(self, text: str, problem: str) -> SettingError: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class Number:
         kind = "a whole number of" if self.whole else "in"
         return f"it is {kind} {self.unit} and must be {bound}" + (f"; {self.note}" if self.note else "")
 
-    def parse(self, knob: Knob, text: str) -> float | int:
+    def parse(self, knob: Refuser, text: str) -> float | int:
         try:
             value = float(text.strip())
         except ValueError:
@@ -77,7 +84,7 @@ class Choice:
         words = [f"{o!r} ({m})" for o, m in zip(self.options, self.meanings)]
         return "it must be " + ", ".join(words[:-1]) + " or " + words[-1]
 
-    def parse(self, knob: Knob, text: str) -> str:
+    def parse(self, knob: Refuser, text: str) -> str:
         value = text.strip().lower() or self.options[0]
         if value not in self.options:
             raise knob.refuse(text, "is not a known choice")
@@ -96,7 +103,7 @@ class Switch:
     def requirement(self) -> str:
         return "it must be 1, true, yes or on (on), or 0, false, no or off (off)"
 
-    def parse(self, knob: Knob, text: str) -> bool:
+    def parse(self, knob: Refuser, text: str) -> bool:
         value = text.strip().lower()
         if value in _TRUE:
             return True
@@ -120,7 +127,7 @@ class TimelineFile:
     def requirement(self) -> str:
         return "it is the path of the file rank 0 writes, or DYNAMIC (hvd.start_timeline() only)"
 
-    def parse(self, knob: Knob, text: str) -> str:
+    def parse(self, knob: Refuser, text: str) -> str:
         if text and text != "DYNAMIC" and (text.endswith(("/", os.sep)) or os.path.isdir(text)):
             raise knob.refuse(text, "names a folder, not a file")
         return text
@@ -138,7 +145,7 @@ class Interfaces:
     def requirement(self) -> str:
         return "it is a comma-separated list of interface names of this host"
 
-    def parse(self, knob: Knob, text: str) -> tuple[str, ...]:
+    def parse(self, knob: Refuser, text: str) -> tuple[str, ...]:
         names = tuple(name.strip() for name in text.split(",") if name.strip())
         try:
             present = {name for _, name in socket.if_nameindex()}

@@ -145,7 +145,8 @@ class DriverEnd(Hearing):
         self.talks = talks
         self.stopping = False
         with contextlib.suppress(OSError, AttributeError, ValueError):
-            os.set_blocking(stdin.fileno(), False)  # type: ignore[union-attr]
+            if stdin is not None:
+                os.set_blocking(stdin.fileno(), False)
 
     def heard_in(self, line: str) -> str | None:
         before = super().heard_in(line)
@@ -190,14 +191,17 @@ class DriverEnd(Hearing):
         """``data`` on the child's stdin, whole; False where it could not be written (a full pipe, a
         child gone, stdin already closed). A link over another channel (a Ray node's bridge) overrides
         this and :meth:`close`."""
+        if self.stdin is None:
+            return False
         try:
-            return os.write(self.stdin.fileno(), data) == len(data)  # type: ignore[union-attr]
+            return os.write(self.stdin.fileno(), data) == len(data)
         except (OSError, ValueError, AttributeError):
             return False
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.stdin.close()  # type: ignore[union-attr]
+            if self.stdin is not None:
+                self.stdin.close()
 
 
 # --- the child's end ----------------------------------------------------------------------------

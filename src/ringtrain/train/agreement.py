@@ -97,7 +97,7 @@ def agreed(sum_fn: SumFn, rank: int, world_size: int, what: str) -> Iterator[Non
         yield
     except Exception as exc:  # every failure is agreed on; KeyboardInterrupt is not
         # when it failed, before the others heard of it: the root-cause report names this rank first
-        exc.failed_at = time.time()  # type: ignore[attr-defined]
+        exc.failed_at = time.time()  # type: ignore[attr-defined]  # a mark on any exception, read by getattr
         failure = exc
     check_all(sum_fn, rank, world_size, what, failure)
 

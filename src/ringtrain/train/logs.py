@@ -11,13 +11,18 @@ from typing import Any
 LOGGER_NAME = "ringtrain.train"
 
 
+class _Handler(logging.StreamHandler):
+    """ringtrain.train's own stderr handler (``_ringtrain`` marks it, so it is added once)."""
+
+    _ringtrain = True
+
+
 def init_logger(level: int = logging.INFO) -> logging.Logger:
     """Send ``ringtrain.train`` records to stderr as plain lines (idempotent)."""
     logger = logging.getLogger(LOGGER_NAME)
     if not any(getattr(h, "_ringtrain", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Handler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._ringtrain = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(level)

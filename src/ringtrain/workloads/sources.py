@@ -17,7 +17,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # not on Windows: downloads there are only atomic, not deduplicated
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # mypy types the name as the module, never None
 
 from ringtrain.exceptions import DataError
 
