@@ -21,12 +21,13 @@ import pytest
 from ringtrain.engine import elastic_rendezvous as rdzv
 from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.exceptions import UsageError
-from ringtrain.launch import elastic_driver, link, supervision
+from ringtrain.launch import elastic_driver, hosts_backend, link, supervision
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.elastic_driver import ElasticDriver, Phase
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN, UNREACHABLE_EXIT
 from ringtrain.launch.hosts import HostSlots
+from ringtrain.launch.ray.elastic import RayHosts
 
 #: Host names the fake machine answers to (``is_local_host``); any other is "remote" (ssh).
 LOCAL = {"localhost", "127.0.0.1"}
@@ -124,12 +125,17 @@ class FakeGroup(supervision.RankGroup):
         return f"{what} ended with its place ({self.host})"
 
 
-class FakeRayHosts:
-    """``RayHosts``' two halves: the living nodes (``find``), and a worker's actor (``start``)."""
+class FakeRayHosts(RayHosts):
+    """The Ray backend with its two Ray halves made up: the living nodes (``find``), and a worker's actor
+    (``start``); what it gives the driver as a backend (launch/backend.py) is RayHosts' own."""
 
     def __init__(self, nodes: dict[str, int]) -> None:
+        super().__init__(cpus_per_rank=1.0, gpus_per_rank=0.0, start_timeout=60.0)
         self.nodes = dict(nodes)
         self.started: list[tuple[str, int]] = []
+
+    def release(self) -> None:
+        pass  # no actor to kill
 
     def describe(self) -> str:
         return "the Ray cluster's living nodes (1 CPU(s) a slot)"
@@ -137,8 +143,8 @@ class FakeRayHosts:
     def find(self) -> dict[str, int]:
         return dict(self.nodes)
 
-    def start(self, host: str, argv: Sequence[str], env: Mapping[str, str], secret: str, rank: int,
-              lock: Any) -> FakeGroup:
+    def start(self, host: str, argv: Sequence[str], env: Mapping[str, str], secret: str, rank: int,  # type: ignore[override]
+              lock: Any, cwd: str | None = None) -> FakeGroup:
         self.started.append((host, rank))
         return FakeGroup(host, argv, env)
 
@@ -153,18 +159,19 @@ class Job:
                  sleep: Callable[[float], None] | None = None) -> None:
         self.now = 1000.0
         self.groups: dict[str, FakeGroup] = {}
-        monkeypatch.setattr(elastic_driver, "PLACES", {"local": self._start, "ssh": self._start})
+        monkeypatch.setattr(hosts_backend, "PLACES", {"local": self._start, "ssh": self._start})
         monkeypatch.setattr(elastic_driver, "is_local_host", lambda host: host in LOCAL)
+        monkeypatch.setattr(hosts_backend, "is_local_host", lambda host: host in LOCAL)
         monkeypatch.setattr(elastic_driver, "route_address", lambda host: "10.0.0.9")
         config = LaunchConfig(command=("python", "train.py"), num_proc=num_proc, min_np=min_np, max_np=max_np,
                               elastic_timeout=timeout, reset_limit=reset_limit, cooldown_range=cooldown,
                               hosts=tuple(HostSlots(h, s) for h, s in hosts), verbose=verbose)
-        self.driver = ElasticDriver(config, {"PATH": "/usr/bin", "RANK": "7"}, ray_hosts=ray,
+        self.driver = ElasticDriver(config, {"PATH": "/usr/bin", "RANK": "7"}, backend=ray,
                                     clock=lambda: self.now, sleep=sleep or self.advance)
         self.store = FakeStore()
         self.driver.store = self.store  # type: ignore[assignment]
         self.driver.server = types.SimpleNamespace(port=4242, close=lambda: None)  # type: ignore[assignment]
-        self.driver.registry.update(self.driver.discovery.find())
+        self.driver.registry.update(self.driver.backend.find())
 
     def _start(self, host: str, argv: Sequence[str], env: Mapping[str, str], **kwargs: Any) -> FakeGroup:
         return FakeGroup(host, argv, env, **kwargs)
@@ -639,7 +646,7 @@ def test_two_failures_on_one_host_in_one_generation_count_once(monkeypatch, caps
 def test_on_ray_workers_start_in_actors_and_a_lost_node_leaves_the_hosts_at_once(monkeypatch, capsys):
     ray = FakeRayHosts({"10.0.0.1": 1, "10.0.0.2": 1})
     job = Job(monkeypatch, [], ray=ray, verbose=True)
-    assert job.driver.discovery is ray
+    assert job.driver.backend is ray
     peer_timeout = float(elastic_driver.read_knob("peer_timeout_s", {}))
     assert job.driver.pulse.interval == link.sparse_beat_interval(peer_timeout)  # beats as sparse as may be
     err = formed(job, capsys, "generation 1: 2 worker(s) on 10.0.0.1[0],10.0.0.2[0]; started w1, w2")
@@ -681,6 +688,6 @@ def test_a_discovery_that_fails_before_the_first_generation_is_a_usage_error():
 
     ray.find = broken  # type: ignore[method-assign]
     driver = ElasticDriver(LaunchConfig(command=("python", "train.py"), num_proc=1, min_np=1), {},
-                           ray_hosts=ray)
+                           backend=ray)
     with pytest.raises(UsageError, match=r"did not answer ray.nodes\(\): ConnectionError: gone"):
         driver.run()  # before any job store or worker

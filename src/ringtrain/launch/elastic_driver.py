@@ -46,21 +46,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, cast
 
 from ringtrain.engine import elastic_rendezvous as rdzv
 from ringtrain.engine import job_store
-from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.engine.netutil import route_address
 from ringtrain.engine.settings import read_knob
 from ringtrain.exceptions import UsageError
 from ringtrain.launch import link, store_host, supervision
+from ringtrain.launch.backend import Backend, WorkerStart, log
+from ringtrain.launch.backends import select_backend
 from ringtrain.launch.config import LaunchConfig, worker_environment
 from ringtrain.launch.elastic_hosts import (
     DiscoveryError,
-    FixedHosts,
     HostRegistry,
-    ScriptDiscovery,
     Survivor,
     plan_generation,
 )
@@ -75,22 +73,12 @@ from ringtrain.launch.elastic_policy import (
     Plan,
     WorkerEnd,
 )
-from ringtrain.launch.elastic_worker import ENV_SECRET_ON_STDIN
 from ringtrain.launch.hosts import is_local_host
-from ringtrain.launch.places import PLACES
-from ringtrain.launch.remote import forwarded_environment
 from ringtrain.launch.report import RankFailure, earliest, format_report
 from ringtrain.launch.stopping import stopping_line
 
 #: Seconds between two runs of the discovery (horovodrun's DISCOVER_HOSTS_FREQUENCY_SECS).
 DISCOVERY_PERIOD = 1.0
-#: Variables of an enclosing launcher that must not leak into workers (their rank comes from us).
-_FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def log(message: str) -> None:
-    print(f"ringtrain elastic: {message}", file=sys.stderr, flush=True)
 
 
 class Phase(Enum):
@@ -186,7 +174,7 @@ class ElasticDriver:
     server: job_store.JobStoreServer
     store: job_store.JobStore
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], ray_hosts: Any = None, *,
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], backend: Backend | None = None, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         # --- what the job is (fixed for its whole run) ---
@@ -196,19 +184,9 @@ class ElasticDriver:
         self.policy = ElasticPolicy(self.settings, start_timeout=config.start_timeout)
         self.clock = clock
         self.sleep = sleep
-        #: ``--ray``: the Ray cluster's nodes are the hosts and each worker runs in an actor there
-        #: (a :class:`ringtrain.launch.ray.elastic.RayHosts`); None: hosts reached by ssh or locally.
-        self.ray_hosts = ray_hosts
-        self.discovery: Any
-        if ray_hosts is not None:
-            self.discovery = ray_hosts
-        elif config.host_discovery_script:
-            self.discovery = ScriptDiscovery(config.host_discovery_script, config.slots_per_host,
-                                                  timeout=max(config.start_timeout, 10.0))
-        elif config.hosts:
-            self.discovery = FixedHosts({h.host: h.slots for h in config.hosts}, "-H/--hostfile")
-        else:
-            self.discovery = FixedHosts({"localhost": self.settings.num_proc}, "this machine")
+        #: Where the workers run: the hosts it finds, how a worker starts there (launch/backend.py);
+        #: None: the one the configuration names (select_backend).
+        self.backend = backend if backend is not None else select_backend(config, self.settings.num_proc)
         self.registry = HostRegistry(cooldown_range=self.settings.cooldown_range,
                                      failures_to_blacklist=self.settings.failures_to_blacklist, clock=clock)
         # the user's exported secret where there is one (RayExecutor elastic jobs hand theirs over)
@@ -216,9 +194,7 @@ class ElasticDriver:
         # A worker silent for this long is given up, as the static driver gives up a silent host.
         peer_timeout = float(read_knob("peer_timeout_s", self.environ))
         self.silence_limit = link.contact_timeout(peer_timeout)
-        # an actor call each way per beat on Ray: beats as sparse as the silence limit allows there
-        self.pulse = supervision.Pulse(link.sparse_beat_interval(peer_timeout) if ray_hosts is not None
-                                       else link.beat_interval(peer_timeout))
+        self.pulse = supervision.Pulse(self.backend.beat_interval(peer_timeout))
         # --- shared with the discovery thread and the signal handlers ---
         self.lock = threading.Lock()
         self.signals = supervision.StopSignals()
@@ -248,12 +224,8 @@ class ElasticDriver:
 
     # --- the job store ---------------------------------------------------------------------------
     def _bind_host(self) -> str:
-        fixed = isinstance(self.discovery, FixedHosts)
-        if fixed and all(is_local_host(h) for h in self.discovery.hosts):
-            return "127.0.0.1"
-        # Hosts may come from anywhere (discovery) or sit on other machines: every interface, and
-        # every connection must prove the job's secret before the store reads a byte of it.
-        return "0.0.0.0"
+        # beyond loopback, every connection must prove the job's secret before the store reads a byte
+        return "0.0.0.0" if self.backend.listens_beyond_loopback() else "127.0.0.1"
 
     def _store_address_for(self, host: str, port: int) -> str:
         if is_local_host(host):
@@ -263,7 +235,13 @@ class ElasticDriver:
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
         try:
-            self.registry.update(self.discovery.find())
+            return self._run()
+        finally:
+            self.backend.release()
+
+    def _run(self) -> int:
+        try:
+            self.registry.update(self.backend.find())
         except DiscoveryError as exc:
             raise UsageError(str(exc)) from None
         self.server = job_store.JobStoreServer(self.secret, host=self._bind_host())
@@ -285,7 +263,7 @@ class ElasticDriver:
     def _discover(self) -> None:
         while not self._stopping.wait(DISCOVERY_PERIOD):
             try:
-                found = self.discovery.find()
+                found = self.backend.find()
             except DiscoveryError as exc:
                 if str(exc) != self._discovery_problem:
                     log(f"discovery failed (retrying every {DISCOVERY_PERIOD:g} s): {exc}")
@@ -383,7 +361,7 @@ class ElasticDriver:
             if self.registry.record_failure(group.host, f"worker {worker.wid}: {what}"):
                 log(f"host {group.host} is blacklisted after repeated failures "
                     f"({self.registry.describe()})")
-        self._after_failure_on_ray(group)
+        self._after_failure(group)
 
     def _failure_text(self, cause: Cause, worker: Worker, failure: RankFailure) -> str:
         group = worker.group
@@ -417,41 +395,11 @@ class ElasticDriver:
             sharing = sum(1 for s in assignment.workers.values() if is_local_host(s.hostname))
         ours.update(worker_environment(self.config, self.environ, sharing, local_only=False))
         argv = [sys.executable, "-u", "-m", "ringtrain.launch.elastic_worker", *self.config.command]
-        if self.ray_hosts is not None:
-            self._start_on_ray(wid, slot, ours, argv)
-        elif local:
-            env = {k: v for k, v in self.environ.items()
-                   if k not in _FOREIGN and not k.startswith("TORCHELASTIC_")}
-            env.update(ours)
-            env[ENV_SECRET] = self.secret
-            self._spawn(wid, slot, "local", argv, env)
-        else:
-            forwarded = forwarded_environment(self.environ, {**ours, ENV_SECRET_ON_STDIN: "1"})
-            for name in (ENV_SECRET, *_FOREIGN):
-                forwarded.pop(name, None)
-            forwarded = {k: v for k, v in forwarded.items() if not k.startswith("TORCHELASTIC_")}
-            group = self._spawn(wid, slot, "ssh", argv, forwarded)
-            if self.config.verbose:
-                log(f"worker {wid} on {host}: {' '.join(cast('list[str]', group.proc.args))}")
-            # The secret travels on the ssh channel, never on the remote command line.
-            link.send_secret(group.proc.stdin, self.secret)
-
-    def _spawn(self, wid: str, slot: rdzv.Slot, place: str, argv: list[str],
-               env: dict[str, str]) -> supervision.ProcessGroup:
-        reach = supervision.Reach(port=self.config.ssh_port, identity_file=self.config.ssh_identity_file,
-                                  connect_timeout=self.config.start_timeout, alive_timeout=self.silence_limit)
-        try:
-            # talks=False: a worker speaks the link once it beats (a command exec'd as another
-            # program never does, and its stdin gets nothing of ours)
-            started = cast("type[supervision.ProcessGroup]", PLACES[place])  # local and ssh: processes
-            group = started(slot.hostname, argv, env, reach=reach, talks=False, lock=self.lock)
-        except OSError as exc:
-            program, fix = ("ssh", "install the ssh client") if place == "ssh" else \
-                (argv[0], "check the Python installation")
-            raise UsageError(f"cannot start worker {wid} on {slot.hostname}: {program}: {exc.strerror}. "
-                             f"HINT: {fix} on this machine.") from None
+        group = self.backend.start_worker(WorkerStart(
+            wid=wid, host=host, rank=slot.rank, argv=argv, ours=ours, environ=self.environ,
+            secret=self.secret, lock=self.lock, silence_limit=self.silence_limit,
+            beat_interval=self.pulse.interval, verbose=self.config.verbose))
         self.workers[wid] = Worker(wid, slot.local_rank, group)
-        return group
 
     def _stop_workers(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -463,31 +411,16 @@ class ElasticDriver:
                 worker.group.wait(timeout=5.0)
             worker.group.join_output(timeout=2.0)
 
-    # --- Ray's parts (--ray: the hosts are Ray nodes, each worker runs in an actor there) ----------
-    def _start_on_ray(self, wid: str, slot: rdzv.Slot, ours: dict[str, str], argv: list[str]) -> None:
-        # as over ssh: the launcher's variables travel, the secret goes on the worker's stdin
-        sent = {**ours, ENV_SECRET_ON_STDIN: "1", link.ENV_BEAT_INTERVAL: f"{self.pulse.interval:g}"}
-        forwarded = forwarded_environment(self.environ, sent)
-        for name in (ENV_SECRET, *_FOREIGN):
-            forwarded.pop(name, None)
-        group = self.ray_hosts.start(slot.hostname, argv, forwarded, self.secret, slot.rank, self.lock)
-        self.workers[wid] = Worker(wid, slot.local_rank, group)
-        if self.config.verbose:
-            log(f"worker {wid} on Ray node {slot.hostname}: agent pid {group.pid}")
-
     def _not_started_text(self, worker: Worker) -> str:
-        """A worker its place could not start: the Ray actor's story, or ssh's last line."""
-        group = worker.group
-        if self.ray_hosts is not None:
-            return group.describe_end(f"worker {worker.wid}")
-        return f"ssh could not start it ({(group.tail or ['no output'])[-1].strip()})"
+        """A worker its place could not start, in its backend's words (ssh's last line, Ray's actor)."""
+        return self.backend.not_started_text(worker.wid, worker.group)
 
-    def _after_failure_on_ray(self, group: supervision.RankGroup) -> None:
-        if self.ray_hosts is not None and group.lost_contact():
-            # A lost Ray node leaves the hosts now: the next generation may be planned before the
-            # discovery thread's next round (the Ray discovery leaves out nodes whose actors were lost).
+    def _after_failure(self, group: supervision.RankGroup) -> None:
+        if self.backend.hosts_changed(group):
+            # A lost host leaves the hosts now: the next generation may be planned before the
+            # discovery thread's next round.
             with contextlib.suppress(DiscoveryError):
-                self.registry.update(self.discovery.find())
+                self.registry.update(self.backend.find())
 
     # --- between generations: WAITING_FOR_HOSTS and RE_FORMING ---------------------------------
     def _waiting_for_hosts(self) -> Phase:
@@ -504,7 +437,7 @@ class ElasticDriver:
         decision = self.policy.formation(first=first, survivors=list(waiting.survivors.values()),
                                          available=self.registry.available(),
                                          waited=self.clock() - waiting.since,
-                                         hosts=self.registry.describe(), source=self.discovery.describe())
+                                         hosts=self.registry.describe(), source=self.backend.describe())
         if decision.action is Action.WAIT_FOR_HOSTS:
             return self.phase
         if decision.action is Action.GIVE_UP:
@@ -674,7 +607,7 @@ def launch_elastic(config: LaunchConfig, environ: Mapping[str, str] | None = Non
     the command already)."""
     driver = ElasticDriver(config, dict(os.environ if environ is None else environ))
     if config.verbose:
-        log(f"settings {driver.settings}; hosts from {driver.discovery.describe()}")
+        log(f"settings {driver.settings}; hosts from {driver.backend.describe()}")
     return driver.run()
 
 

@@ -98,9 +98,10 @@ def launch_on_ray(config: LaunchConfig, environ: Mapping[str, str] | None = None
         # nothing started: the cluster (or its address or token) is for the user to fix, as a bad flag is
         return 2
     if config.elastic:
-        from ringtrain.launch.ray.elastic import launch_elastic_on_ray
+        # the elastic driver on the backend --ray selects (launch/backend.py: RayHosts)
+        from ringtrain.launch.elastic_driver import launch_elastic
 
-        return launch_elastic_on_ray(config, environ)
+        return launch_elastic(config, environ)
     try:
         placement = place(config)
     except cluster.PlacementTimeoutError as exc:

@@ -2,7 +2,8 @@
 
 The elastic driver (:mod:`ringtrain.launch.elastic_driver`) re-forms a job over a changing set of
 hosts; here that set is the Ray cluster's living nodes and a worker starts in a Ray actor instead of
-over ssh. :class:`RayHosts` is both halves:
+over ssh. :class:`RayHosts` is the elastic driver's backend for it (:class:`ringtrain.launch.backend.Backend`,
+chosen by ``select_backend`` for ``--ray``), in two halves:
 
 - the discovery: every second, the nodes ``ray.nodes()`` counts alive, each with as many slots as
   its *total* CPUs (and GPUs, with ``--ray-gpus-per-rank``) hold ranks of ``--ray-cpus-per-rank``
@@ -26,6 +27,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ringtrain.launch import link
+from ringtrain.launch.backend import WorkerStart, log, remote_environment
 from ringtrain.launch.elastic_hosts import DiscoveryError
 from ringtrain.launch.hosts import is_local_host
 from ringtrain.launch.ray.actor import agent_actor
@@ -96,6 +99,29 @@ class RayHosts:
         # The driver's own node first (rank 0 there, beside the job store), then Ray's order.
         return dict(sorted(found.items(), key=lambda item: not is_local_host(item[0])))
 
+    # --- the backend's side of the elastic driver (launch/backend.py) ------------------------------
+    def listens_beyond_loopback(self) -> bool:
+        return True  # the workers run on the Ray nodes
+
+    def beat_interval(self, peer_timeout: float) -> float:
+        # an actor call each way per beat: beats as sparse as the silence limit allows
+        return link.sparse_beat_interval(peer_timeout)
+
+    def start_worker(self, start: WorkerStart) -> RayGroup:
+        """As over ssh: the launcher's variables travel, the secret goes on the worker's stdin."""
+        env = remote_environment(start, {link.ENV_BEAT_INTERVAL: f"{start.beat_interval:g}"})
+        group = self.start(start.host, start.argv, env, start.secret, start.rank, start.lock)
+        if start.verbose:
+            log(f"worker {start.wid} on Ray node {start.host}: agent pid {group.pid}")
+        return group
+
+    def not_started_text(self, wid: str, group: Any) -> str:
+        return str(group.describe_end(f"worker {wid}"))  # the actor's story
+
+    def hosts_changed(self, group: Any) -> bool:
+        # a lost Ray node: the discovery leaves out nodes whose actors were lost, so it is gone now
+        return bool(group.lost_contact())
+
     # --- place -----------------------------------------------------------------------------------
     def start(self, host: str, argv: Sequence[str], env: Mapping[str, str], secret: str, rank: int,
               lock: threading.Lock, cwd: str | None = None) -> RayGroup:
@@ -148,19 +174,4 @@ class RayHosts:
                 pass
 
 
-def launch_elastic_on_ray(config: Any, environ: Mapping[str, str]) -> int:
-    """The elastic driver with :class:`RayHosts` (``ray.init`` done by the caller); the exit code."""
-    from ringtrain.launch.elastic_driver import ElasticDriver, log
-
-    hosts = RayHosts(config.ray_cpus_per_rank, config.ray_gpus_per_rank,
-                     start_timeout=max(config.start_timeout, 60.0))
-    driver = ElasticDriver(config, dict(environ), ray_hosts=hosts)
-    if config.verbose:
-        log(f"settings {driver.settings}; hosts from {hosts.describe()}")
-    try:
-        return driver.run()
-    finally:
-        hosts.release()
-
-
-__all__ = ["RayHosts", "launch_elastic_on_ray"]
+__all__ = ["RayHosts"]
