@@ -184,18 +184,7 @@ class BenchSettings:
             raise UsageError(f"--timeout {self.timeout_s:g} must be > 0 seconds. "
                              "HINT: use e.g. --timeout 1800.")
         if self.workload is None:
-            given = [flag for flag, value in (("--steps", self.steps), ("--epochs", self.epochs),
-                                             ("--arch", self.arch), ("--batch-size", self.batch_size),
-                                             ("--data-dir", self.data_dir), ("--subset", self.subset))
-                     if value is not None]
-            if self.strategies != DEFAULT_STRATEGIES:
-                given.append("--strategies")
-            if self.scaling != "weak":
-                given.append("--scaling")
-            if given:
-                raise UsageError(f"{', '.join(given)} only apply to built-in workloads; a script decides "
-                                 "its own steps, model and strategy. HINT: drop them, or pass them to "
-                                 "your script after --.")
+            self._check_script_flags()
         if self.hosts:
             slots = sum(h.slots for h in self.hosts)
             too_many = [n for n in self.nps if n > slots]
@@ -210,6 +199,21 @@ class BenchSettings:
                 raise UsageError(f"--batch-size {self.batch_size} (the global batch in strong scaling) does "
                                  f"not split evenly over {uneven[0]} processes. HINT: use a batch size "
                                  f"divisible by every --np value, e.g. --batch-size {_lcm(self.nps) * 16}.")
+
+    def _check_script_flags(self) -> None:
+        """A script's sweep: the flags that shape a built-in workload's runs have nothing to shape."""
+        given = [flag for flag, value in (("--steps", self.steps), ("--epochs", self.epochs),
+                                         ("--arch", self.arch), ("--batch-size", self.batch_size),
+                                         ("--data-dir", self.data_dir), ("--subset", self.subset))
+                 if value is not None]
+        if self.strategies != DEFAULT_STRATEGIES:
+            given.append("--strategies")
+        if self.scaling != "weak":
+            given.append("--scaling")
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply to built-in workloads; a script decides "
+                             "its own steps, model and strategy. HINT: drop them, or pass them to "
+                             "your script after --.")
 
     @property
     def probes_link(self) -> bool:

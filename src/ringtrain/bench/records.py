@@ -318,57 +318,65 @@ def summarize(measurements: list[Measurement], startup: dict[int, float] | None 
         groups.setdefault(key, []).append(m)
         rows.setdefault(key, Row(m.strategy, m.np))
     for key, runs in groups.items():
-        row = rows[key]
-        row.runs = len(runs)
-        good = [m for m in runs if m.ok]
-        row.failed = row.runs - len(good)
-        row.errors = [f"{m.strategy} np={m.np} #{m.repeat + 1}: {m.error}" for m in runs if not m.ok]
-        rates = [m.items_per_second for m in good if m.items_per_second is not None]
-        if rates:
-            row.items_per_second = statistics.median(rates)
-            row.items_per_second_min, row.items_per_second_max = min(rates), max(rates)
-            # one repeat has no spread to give: None (n/a in the table), not a 0 that reads as steady
-            row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else None
-        row.seconds_per_step = _median([m.seconds_per_step for m in good if m.seconds_per_step])
-        steps = step_times(good)
-        if steps:
-            row.step_seconds_p50, row.step_seconds_p95 = percentile(steps, 50), percentile(steps, 95)
-        row.seconds_per_epoch = _median([m.seconds_per_epoch for m in good if m.seconds_per_epoch])
-        walls = [m.wall_seconds for m in good if m.wall_seconds is not None]
-        row.wall_seconds = _median(walls)
-        spreads = [m.rank_spread for m in good if m.rank_spread is not None]
-        row.rank_spread = max(spreads) if spreads else None
-        if not rates and startup and startup.get(row.np) is not None:
-            net = [w - startup[row.np] for w in walls]
-            if net and min(net) > 0:  # a start-up as long as the run says nothing usable about it
-                row.startup_seconds, walls = startup[row.np], net
-                row.net_wall_seconds = statistics.median(net)
-        if not rates and len(walls) > 1:
-            row.spread = (max(walls) - min(walls)) / statistics.median(walls)
-        # without reports, the timed part is what the speedup compares: wall time (net when measured)
-        timed = [m.seconds for m in good if m.seconds is not None] if rates else walls
-        row.timed_seconds = min(timed) if timed else None
+        _fill(rows[key], runs, startup)
     base = rows.get((BASELINE, 1))
-    for row in rows.values():
-        if base is None:
-            break
-        if row.items_per_second is not None and base.items_per_second:
-            row.speedup = row.items_per_second / base.items_per_second
-            if row.items_per_second_min is not None and row.items_per_second_max is not None:  # set with it
-                row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
-                row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
-        elif row.items_per_second is None and row.net_wall_seconds and base.net_wall_seconds:
-            row.speedup = base.net_wall_seconds / row.net_wall_seconds
-            row.speedup_from = "wall time minus start-up"
-        elif row.items_per_second is None and row.wall_seconds and base.wall_seconds:
-            row.speedup = base.wall_seconds / row.wall_seconds
-            row.speedup_from = "wall time"
-        if row.speedup is not None:
-            row.efficiency = row.speedup / row.np
-        if base.items_per_second:
-            lockstep = [m.lockstep_items_per_second for m in groups[(row.strategy, row.np)]
-                        if m.ok and m.lockstep_items_per_second]
-            if lockstep:
-                row.lockstep_efficiency = statistics.median(lockstep) / base.items_per_second / row.np
+    if base is not None:
+        for row in rows.values():
+            _compare(row, base, groups[(row.strategy, row.np)])
     order = {s: i for i, s in enumerate(dict.fromkeys(m.strategy for m in measurements))}
     return sorted(rows.values(), key=lambda r: (r.strategy != BASELINE, r.np, order[r.strategy]))
+
+
+def _fill(row: Row, runs: list[Measurement], startup: dict[int, float] | None) -> None:
+    """A row's own figures from its runs (medians, spreads, wall times net of start-up)."""
+    row.runs = len(runs)
+    good = [m for m in runs if m.ok]
+    row.failed = row.runs - len(good)
+    row.errors = [f"{m.strategy} np={m.np} #{m.repeat + 1}: {m.error}" for m in runs if not m.ok]
+    rates = [m.items_per_second for m in good if m.items_per_second is not None]
+    if rates:
+        row.items_per_second = statistics.median(rates)
+        row.items_per_second_min, row.items_per_second_max = min(rates), max(rates)
+        # one repeat has no spread to give: None (n/a in the table), not a 0 that reads as steady
+        row.spread = (max(rates) - min(rates)) / row.items_per_second if len(rates) > 1 else None
+    row.seconds_per_step = _median([m.seconds_per_step for m in good if m.seconds_per_step])
+    steps = step_times(good)
+    if steps:
+        row.step_seconds_p50, row.step_seconds_p95 = percentile(steps, 50), percentile(steps, 95)
+    row.seconds_per_epoch = _median([m.seconds_per_epoch for m in good if m.seconds_per_epoch])
+    walls = [m.wall_seconds for m in good if m.wall_seconds is not None]
+    row.wall_seconds = _median(walls)
+    spreads = [m.rank_spread for m in good if m.rank_spread is not None]
+    row.rank_spread = max(spreads) if spreads else None
+    if not rates and startup and startup.get(row.np) is not None:
+        net = [w - startup[row.np] for w in walls]
+        if net and min(net) > 0:  # a start-up as long as the run says nothing usable about it
+            row.startup_seconds, walls = startup[row.np], net
+            row.net_wall_seconds = statistics.median(net)
+    if not rates and len(walls) > 1:
+        row.spread = (max(walls) - min(walls)) / statistics.median(walls)
+    # without reports, the timed part is what the speedup compares: wall time (net when measured)
+    timed = [m.seconds for m in good if m.seconds is not None] if rates else walls
+    row.timed_seconds = min(timed) if timed else None
+
+
+def _compare(row: Row, base: Row, runs: list[Measurement]) -> None:
+    """A row's speedup and efficiencies over the single-process baseline's figures."""
+    if row.items_per_second is not None and base.items_per_second:
+        row.speedup = row.items_per_second / base.items_per_second
+        if row.items_per_second_min is not None and row.items_per_second_max is not None:  # set with it
+            row.efficiency_min = row.items_per_second_min / base.items_per_second / row.np
+            row.efficiency_max = row.items_per_second_max / base.items_per_second / row.np
+    elif row.items_per_second is None and row.net_wall_seconds and base.net_wall_seconds:
+        row.speedup = base.net_wall_seconds / row.net_wall_seconds
+        row.speedup_from = "wall time minus start-up"
+    elif row.items_per_second is None and row.wall_seconds and base.wall_seconds:
+        row.speedup = base.wall_seconds / row.wall_seconds
+        row.speedup_from = "wall time"
+    if row.speedup is not None:
+        row.efficiency = row.speedup / row.np
+    if base.items_per_second:
+        lockstep = [m.lockstep_items_per_second for m in runs
+                    if m.ok and m.lockstep_items_per_second]
+        if lockstep:
+            row.lockstep_efficiency = statistics.median(lockstep) / base.items_per_second / row.np
