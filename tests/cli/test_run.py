@@ -501,10 +501,10 @@ def test_bind_to_core_gives_each_rank_of_any_script_its_own_cores(tmp_path, caps
 @pytest.fixture
 def no_launch(monkeypatch):
     """Record the configs ``ringtrain run`` would launch, and start nothing."""
-    import ringtrain.launch.driver as driver
+    import ringtrain.launch.entry as entry
 
     launched = []
-    monkeypatch.setattr(driver, "launch", lambda config: launched.append(config) or 0)
+    monkeypatch.setattr(entry, "launch", lambda config: launched.append(config) or 0)
     return launched
 
 
