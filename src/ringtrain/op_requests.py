@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -165,11 +165,12 @@ def submit(
 
 
 def first_output(request: Request) -> torch.Tensor:
-    return request.outputs[0]
+    # a finished request has every output filled (an output is None only until its op has run)
+    return cast(torch.Tensor, request.outputs[0])
 
 
 def all_outputs(request: Request) -> tuple[torch.Tensor, ...]:
-    return tuple(request.outputs)
+    return tuple(cast("list[torch.Tensor]", request.outputs))
 
 
 def control_op(op: OpType, key: str, payload: tuple[int, ...] | None, process_set: ProcessSetLike) -> Any:

@@ -414,8 +414,8 @@ class JobStoreServer:
         if op == _MULTI_SET:
             if len(args) % 2:
                 raise ValueError("multi_set needs as many values as keys")
-            for key, value in zip(args[0::2], args[1::2]):
-                data[key.decode()] = value
+            for raw_key, raw_value in zip(args[0::2], args[1::2]):
+                data[raw_key.decode()] = raw_value
             await self._notify()
             return _OK, []
         if op == _APPEND:
@@ -490,6 +490,10 @@ class JobStore(dist.Store):
         self._tagger: _Tagger | None = None
         self._connect(time.monotonic() + timeout.total_seconds())
 
+    def _timeout_now(self) -> datetime.timedelta:
+        """torch's ``Store.timeout`` (``set_timeout`` changes it), which torch's type stubs lack."""
+        return self.timeout  # type: ignore[attr-defined]
+
     # --- connection -----------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
         last: Exception | None = None
@@ -514,9 +518,9 @@ class JobStore(dist.Store):
             if time.monotonic() >= deadline:
                 raise JobStoreError(
                     f"cannot reach the job store at {self.address} within "
-                    f"{self.timeout.total_seconds():g} s: {last}. HINT: check that the launcher (or rank "
-                    "0) is running and that this host reaches that address; behind a firewall, open the "
-                    "port for the job's hosts.")
+                    f"{self._timeout_now().total_seconds():g} s: {last}. HINT: check that the launcher (or "
+                    "rank 0) is running and that this host reaches that address; behind a firewall, open "
+                    "the port for the job's hosts.")
             time.sleep(0.1)
 
     def _handshake(self, sock: socket.socket) -> _Tagger:
@@ -556,7 +560,7 @@ class JobStore(dist.Store):
                 raise JobStoreError(f"the connection to the job store at {self.address} is closed")
             sock = self._sock
             # A blocking request may take as long as its own timeout; the margin covers the network.
-            limit = self.timeout.total_seconds() if wait is None else wait
+            limit = self._timeout_now().total_seconds() if wait is None else wait
             sock.settimeout(None if limit <= 0 else limit + 30.0)
             try:
                 sock.sendall(self._tagger.seal(bytes([op]) + _pack_items(items)))
@@ -592,7 +596,7 @@ class JobStore(dist.Store):
         self._call(_SET, [key.encode(), _as_bytes(value)])
 
     def get(self, key: str) -> bytes:
-        wait = self.timeout
+        wait = self._timeout_now()
         return self._call(_GET, [key.encode(), _millis(wait)], wait.total_seconds())[0]
 
     def add(self, key: str, value: int) -> int:
@@ -602,7 +606,7 @@ class JobStore(dist.Store):
         return self._call(_CAS, [key.encode(), _as_bytes(expected_value), _as_bytes(desired_value)])[0]
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        wait = self.timeout if timeout is None else timeout
+        wait = self._timeout_now() if timeout is None else timeout
         self._call(_WAIT, [_millis(wait), *(k.encode() for k in keys)], wait.total_seconds())
 
     def check(self, keys: list[str]) -> bool:
@@ -615,7 +619,7 @@ class JobStore(dist.Store):
         return int(self._call(_NUM_KEYS, [])[0])
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        wait = self.timeout
+        wait = self._timeout_now()
         return self._call(_MULTI_GET, [_millis(wait), *(k.encode() for k in keys)], wait.total_seconds())
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
@@ -636,7 +640,7 @@ class JobStore(dist.Store):
 
     def clone(self) -> JobStore:
         """A second, independent connection to the same store."""
-        return JobStore(self.address, self._secret, self.timeout)
+        return JobStore(self.address, self._secret, self._timeout_now())
 
     def __repr__(self) -> str:
         return f"JobStore({self.address!r})"

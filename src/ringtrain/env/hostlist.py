@@ -15,7 +15,9 @@ _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 def _split_top_level(text: str) -> list[str]:
     """Split at commas that are not inside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1

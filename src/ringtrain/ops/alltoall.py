@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ringtrain.engine.requests import OpType, Request
-from ringtrain.op_requests import MOVE_DTYPES, check_tensor, run_sync, set_members, submit
+from ringtrain.op_requests import MOVE_DTYPES, check_tensor, first_output, run_sync, set_members, submit
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 
@@ -52,7 +52,7 @@ def alltoall_async(
 
     def finish(request: Request) -> tuple[torch.Tensor, torch.Tensor]:
         received = torch.tensor(request.extra["received_splits"], dtype=torch.int32, device=splits_device)
-        return request.outputs[0], received
+        return first_output(request), received
 
     return submit(OpType.ALLTOALL, "alltoall", [tensor], [None], name, process_set, finish, splits=values)
 

@@ -57,6 +57,8 @@ class RayGroup(RelayedGroup):
     """
 
     kind: ClassVar[str] = "ray"
+    #: Ray's error when the actor died (its node lost, its process killed), else None.
+    lost: BaseException | None
 
     def __init__(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, *,
                  actor: Any, node: Mapping[str, str], ranks: range, secret_ref: Any = None,
@@ -93,8 +95,7 @@ class RayGroup(RelayedGroup):
         self.ranks = ranks
         self._code: int | None = None
         self._pid = 0
-        #: Ray's error when the actor died (its node lost, its process killed), else None.
-        self.lost: BaseException | None = None
+        self.lost = None
         #: When the driver last heard from the actor (wall-clock): a lost node went after this.
         self.last_heard = time.time()
         self._stopping = False
