@@ -475,6 +475,8 @@ def test_a_survivor_that_dies_while_waiting_is_a_failure_and_no_longer_a_survivo
     assert job.tick() is Phase.DONE  # reaped, then no survivor left in the same tick
     err = capsys.readouterr().err
     assert "worker w1 (rank -1 on localhost) failed: killed by SIGKILL" in err
+    assert "worker w1 (rank 0 on localhost) failed" not in err  # one failure, told once
+    assert [f.rank for f in job.driver.failures] == [1, -1]
     assert "the job stops: every worker failed, so no state is left to go on from" in err
 
 

@@ -328,9 +328,11 @@ class ElasticDriver:
             worker.reaped = True
             slot = members.get(wid)
             if wid in survivors and code != 0:
-                # A survivor died while waiting for the next generation.
+                # A survivor died while waiting for the next generation: one failure, without a rank
+                # (the broken generation's was already given up), and its host counted once.
                 del survivors[wid]
                 self._record_failure(worker, code, rank=-1)
+                continue
             if slot is None or code == 0:
                 continue
             self._record_failure(worker, code, rank=slot.rank)
