@@ -12,7 +12,7 @@ import torch
 
 from ringtrain.cli.check import parse_sizes
 from ringtrain.exceptions import UsageError
-from tests.integration.system import clean_env, skip_unless_collectives
+from tests.integration.system import clean_env
 from tests.ranks import free_port
 
 CHECK_TIMEOUT = 300
@@ -51,7 +51,6 @@ def test_bad_option_exits_2_without_traceback() -> None:
 
 @pytest.mark.slow
 def test_alone_it_is_one_rank_and_passes() -> None:
-    skip_unless_collectives()
     result = _check("--sizes", "4K,64K", "--iterations", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hello from rank 0 of 1 (host " in result.stdout
@@ -67,7 +66,6 @@ def test_alone_it_is_one_rank_and_passes() -> None:
 
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
-    skip_unless_collectives()
     result = _check("--sizes", "4K,256K", "--iterations", "2", nproc=2)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in range(2):
@@ -86,7 +84,6 @@ def test_two_ranks_under_torchrun_say_hello_and_pass() -> None:
 
 @pytest.mark.slow
 def test_two_ranks_under_ringtrain_run_pass() -> None:
-    skip_unless_collectives()
     argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2",
             sys.executable, "-m", "ringtrain", "check", "--sizes", "4K", "--iterations", "1"]
     result = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=CHECK_TIMEOUT)
@@ -98,7 +95,6 @@ def test_two_ranks_under_ringtrain_run_pass() -> None:
 
 @pytest.mark.slow
 def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
-    skip_unless_collectives()
     # Rank 0 of 2 alone: rank 1 is never started, so the rendezvous cannot complete.
     env = clean_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
@@ -111,7 +107,6 @@ def test_a_rank_that_never_comes_is_a_timeout_with_exit_3() -> None:
 
 @pytest.mark.slow
 def test_json_report_from_rank_0() -> None:
-    skip_unless_collectives()
     result = _check("--json", "--sizes", "4K", "--iterations", "1", nproc=2)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -153,7 +148,6 @@ def _run_checks_with_broken_min() -> list[tuple[str, bool, str]]:
 
 
 def test_a_wrong_reduction_is_reported_with_the_bad_value(ranks2) -> None:
-    skip_unless_collectives()
     per_rank = ranks2.run(_run_checks_with_broken_min, timeout=CHECK_TIMEOUT)
     for results in per_rank:
         failed = {name: detail for name, ok, detail in results if not ok}
@@ -164,7 +158,6 @@ def test_a_wrong_reduction_is_reported_with_the_bad_value(ranks2) -> None:
 
 @pytest.mark.slow
 def test_ranks_of_ringtrain_run_name_it_as_their_environment() -> None:
-    skip_unless_collectives()
     argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, "-m", "ringtrain", "check",
             "--no-bandwidth"]
     result = subprocess.run(argv, env=clean_env({"GLOO_SOCKET_IFNAME": "lo"}), capture_output=True, text=True,

@@ -58,27 +58,6 @@ def script_interpreter_flags() -> list[str]:
     return ["--python", sys.executable]
 
 
-def ringtrain_has_collectives() -> bool:
-    """True when ringtrain's Horovod-compatible collectives can be imported."""
-    import importlib
-
-    import ringtrain
-
-    if hasattr(ringtrain, "allreduce"):
-        return True
-    try:
-        importlib.import_module("ringtrain.mpi_ops")
-    except ImportError:
-        return False
-    return True
-
-
-def skip_unless_collectives() -> None:
-    """Skip when the collectives are not built yet (the infrastructure itself is still tested)."""
-    if not ringtrain_has_collectives():
-        pytest.skip("ringtrain's collectives (ringtrain.mpi_ops / hvd.allreduce) are not available")
-
-
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.netns import NamespaceHosts
-from tests.integration.system import ROOT, clean_env, ringtrain_argv, skip_unless_collectives, wait_for
+from tests.integration.system import ROOT, clean_env, ringtrain_argv, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,7 +37,6 @@ _LISTEN = re.compile(r"^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s+users:(.*)$")
 
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
-    skip_unless_collectives()
     return netns_hosts
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.elastic.jobs import ElasticJob
 from tests.integration.netns import NamespaceHosts
-from tests.integration.system import skip_unless_collectives, wait_for
+from tests.integration.system import wait_for
 from tests.integration.test_failures import (
     LAUNCHER_BOUND,
     PEER_TIMEOUT,
@@ -32,7 +32,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
-    skip_unless_collectives()
     return netns_hosts
 
 

@@ -27,7 +27,6 @@ from tests.integration.system import (
     SHARED_DATA,
     clean_env,
     ringtrain_argv,
-    skip_unless_collectives,
     wait_for,
 )
 
@@ -48,7 +47,6 @@ LAUNCHER_BOUND = PEER_TIMEOUT + 30
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> Iterator[NamespaceHosts]:
     """The namespace hosts, once ringtrain can launch and reduce across them; the link is restored after."""
-    skip_unless_collectives()
     if not (MNIST / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"real MNIST not found under {MNIST} (the shared data folder beside the repo)")
     yield netns_hosts

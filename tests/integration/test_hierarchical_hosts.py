@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.netns import NamespaceHosts
-from tests.integration.system import ROOT, ringtrain_argv, skip_unless_collectives
+from tests.integration.system import ROOT, ringtrain_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -18,7 +18,6 @@ SCRIPT = Path(__file__).with_name("hierarchical_script.py")
 
 
 def test_hierarchical_collectives_across_two_hosts(netns_hosts: NamespaceHosts) -> None:
-    skip_unless_collectives()
     argv = ringtrain_argv("run", "-np", "4", "-H", "hostA:2,hostB:2", "-i", str(netns_hosts.key),
                           "--start-timeout", "120", "--hierarchical-allreduce", "--hierarchical-allgather",
                           sys.executable, str(SCRIPT))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.netns import NETNS_ETC, NamespaceHosts
-from tests.integration.system import ROOT, clean_env, ringtrain_argv, skip_unless_collectives, wait_for
+from tests.integration.system import ROOT, clean_env, ringtrain_argv, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,11 +31,6 @@ _RANK = re.compile(r"rank (\d+) of (\d+) local (\d+) env (\S+) sum (-?\d+) host 
 MNIST = Path(__file__).with_name("mnist_script.py")
 _MNIST_RANK = re.compile(r"mnist rank (\d+) of (\d+) local (\d+) host (\S+) accuracy ([0-9.]+) digest (\w+)")
 PORT = "29517"
-
-
-@pytest.fixture(autouse=True)
-def _collectives() -> None:
-    skip_unless_collectives()
 
 
 @contextlib.contextmanager

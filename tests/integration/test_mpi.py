@@ -17,7 +17,6 @@ import pytest
 from tests.integration.system import (
     clean_env,
     ringtrain_argv,
-    skip_unless_collectives,
     skip_unless_commands,
 )
 from tests.ranks import free_port
@@ -31,7 +30,6 @@ _RANK_LINE = re.compile(r"rank \d+ of \d+ local \d+ env [\w-]+ sum -?\d+")
 
 def _mpirun(np: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
     skip_unless_commands("mpirun.openmpi")
-    skip_unless_collectives()
     # Root in CI: Open MPI refuses without both variables. --oversubscribe: more ranks than cores.
     # MASTER_PORT only keeps concurrent test sessions apart; the address must come from ringtrain.
     env = clean_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -58,7 +56,6 @@ def test_mpirun_check_passes() -> None:
 
 def test_mpich_hydra_allreduce_script_gets_ranks_from_pmi() -> None:
     skip_unless_commands("mpiexec.hydra")
-    skip_unless_collectives()
     env = clean_env({"MASTER_PORT": str(free_port())})
     result = subprocess.run(["mpiexec.hydra", "-n", "2", sys.executable, str(SCRIPT)], env=env,
                             capture_output=True, text=True, timeout=300)

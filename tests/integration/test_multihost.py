@@ -21,7 +21,6 @@ from tests.integration.system import (
     SHARED_DATA,
     clean_env,
     ringtrain_argv,
-    skip_unless_collectives,
     wait_for,
 )
 
@@ -36,7 +35,6 @@ MNIST = SHARED_DATA / "mnist"
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
     """The namespace hosts, once ringtrain can launch and reduce across them."""
-    skip_unless_collectives()
     if not (MNIST / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"real MNIST not found under {MNIST} (the shared data folder beside the repo)")
     return netns_hosts

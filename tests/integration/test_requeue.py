@@ -12,14 +12,12 @@ import pytest
 
 from tests.integration.requeue_trials import run_trial
 from tests.integration.slurm import SlurmCluster
-from tests.integration.system import skip_unless_collectives
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_warned_job_snapshots_requeues_itself_and_resumes_to_the_same_final_step(
         slurm_two_nodes: SlurmCluster, tmp_path: Path) -> None:
-    skip_unless_collectives()
     trial = run_trial(slurm_two_nodes, tmp_path / "trial")
     assert trial.passed, trial.problem
     # the requeued job went on from the very step the warned one stopped at

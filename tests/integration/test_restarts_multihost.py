@@ -20,7 +20,7 @@ import pytest
 
 from ringtrain.engine.auth import new_secret
 from tests.integration.netns import NamespaceHosts
-from tests.integration.system import ROOT, clean_env, ringtrain_argv, skip_unless_collectives, wait_for
+from tests.integration.system import ROOT, clean_env, ringtrain_argv, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,7 +30,6 @@ STEPS = 200
 
 @pytest.fixture
 def hosts(netns_hosts: NamespaceHosts) -> NamespaceHosts:
-    skip_unless_collectives()
     return netns_hosts
 
 

@@ -13,7 +13,6 @@ from tests.integration.slurm import SlurmCluster
 from tests.integration.system import (
     ringtrain_argv,
     script_interpreter_flags,
-    skip_unless_collectives,
 )
 
 pytestmark = pytest.mark.integration
@@ -23,7 +22,6 @@ REPORT_ENV = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "repor
 
 
 def test_srun_check_takes_ranks_from_slurm(slurm_cluster: SlurmCluster) -> None:
-    skip_unless_collectives()
     result = slurm_cluster.run(["srun", "-n", "2", *ringtrain_argv("check", "--sizes", "4K,64K",
                                                                     "--iterations", "2", "--timeout", "240")],
                                timeout=300)
@@ -35,7 +33,6 @@ def test_srun_check_takes_ranks_from_slurm(slurm_cluster: SlurmCluster) -> None:
 
 
 def test_generated_slurm_script_runs_with_sbatch(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    skip_unless_collectives()
     generated = slurm_cluster.run(
         ringtrain_argv("script", "slurm", "--nodes", "1", "--procs-per-node", "2",
                        *script_interpreter_flags(), "--", sys.executable, str(SCRIPT)), timeout=60)
@@ -59,7 +56,6 @@ def test_a_batch_job_over_nodes_relaunches_through_srun_with_the_config(slurm_cl
     """What `ringtrain run` does in a batch script spanning several nodes: srun starts one agent per node,
     handing it the LaunchConfig as JSON. The test cluster has one node, so the plan is made by hand
     (srun allocates the node itself); the tasks' half is real: srun, node_entry, the agent, the ranks."""
-    skip_unless_collectives()
     code = (
         "import sys\n"
         "from ringtrain.launch.config import LaunchConfig\n"

@@ -22,7 +22,6 @@ from tests.integration.system import (
     clean_env,
     ringtrain_argv,
     script_interpreter_flags,
-    skip_unless_collectives,
     skip_unless_commands,
 )
 
@@ -39,11 +38,6 @@ def _ranks(output: str) -> list[tuple[str, ...]]:
 def _agreed(env: str) -> list[tuple[str, ...]]:
     """What the two ranks print when they met: one per host, and the sum 0 + 1."""
     return [("0", "2", "0", env, "1", "hostA"), ("1", "2", "0", env, "1", "hostB")]
-
-
-@pytest.fixture(autouse=True)
-def _collectives() -> None:
-    skip_unless_collectives()
 
 
 def test_generated_slurm_script_runs_on_two_nodes(slurm_two_nodes: SlurmCluster, tmp_path: Path) -> None:
