@@ -6,6 +6,7 @@ following ones, and so on, until ``-np`` ranks are placed. Hosts that receive no
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 from collections.abc import Sequence
@@ -122,8 +123,8 @@ def assign_slots(hosts: Sequence[HostSlots], num_proc: int) -> list[SlotAssignme
         take = min(entry.slots, remaining)
         used.append((entry.host, take))
         remaining -= take
-    first = [sum(take for _, take in used[:node]) for node in range(len(used))]
-    nodes = [range(start, start + take) for start, (_, take) in zip(first, used)]
+    starts = itertools.accumulate((take for _, take in used), initial=0)
+    nodes = [range(start, start + take) for start, (_, take) in zip(starts, used)]
     return [SlotAssignment(rank=p.rank, host=used[p.node_rank][0], node_rank=p.node_rank,
                            local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
                            cross_size=p.cross_size) for p in places_by_node(nodes)]
