@@ -91,15 +91,20 @@ class Backend(Protocol):
         ...
 
 
+def without_enclosing_launcher(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without an enclosing launcher's rank variables (:data:`FOREIGN`) and torch's elastic
+    agent's (``TORCHELASTIC_*``): a worker's rank and agent come from this driver."""
+    return {k: v for k, v in environ.items() if k not in FOREIGN and not k.startswith("TORCHELASTIC_")}
+
+
 def remote_environment(start: WorkerStart, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A worker's variables for a place that is not this process's child: the launcher's own that
     travel (launch/remote.py) and the driver's, without the secret (it goes on the worker's stdin) and
     without an enclosing launcher's rank variables."""
     sent = {**start.ours, ENV_SECRET_ON_STDIN: "1", **(extra or {})}
     forwarded = forwarded_environment(start.environ, sent)
-    for name in (ENV_SECRET, *FOREIGN):
-        forwarded.pop(name, None)
-    return {k: v for k, v in forwarded.items() if not k.startswith("TORCHELASTIC_")}
+    forwarded.pop(ENV_SECRET, None)
+    return without_enclosing_launcher(forwarded)
 
 
-__all__ = ["FOREIGN", "Backend", "WorkerStart", "log", "remote_environment"]
+__all__ = ["FOREIGN", "Backend", "WorkerStart", "log", "remote_environment", "without_enclosing_launcher"]

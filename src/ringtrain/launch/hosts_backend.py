@@ -9,7 +9,7 @@ from typing import cast
 from ringtrain.engine.auth import ENV_SECRET
 from ringtrain.exceptions import UsageError
 from ringtrain.launch import link, supervision
-from ringtrain.launch.backend import FOREIGN, WorkerStart, log, remote_environment
+from ringtrain.launch.backend import WorkerStart, log, remote_environment, without_enclosing_launcher
 from ringtrain.launch.config import LaunchConfig
 from ringtrain.launch.elastic_hosts import FixedHosts, ScriptDiscovery
 from ringtrain.launch.hosts import is_local_host
@@ -33,16 +33,15 @@ class HostsBackend:
     def listens_beyond_loopback(self) -> bool:
         # Hosts may come from anywhere (discovery) or sit on other machines: every interface then, and
         # every connection must prove the job's secret before the store reads a byte of it.
-        fixed = isinstance(self.discovery, FixedHosts)
-        return not (fixed and all(is_local_host(h) for h in cast(FixedHosts, self.discovery).hosts))
+        discovery = self.discovery
+        return not (isinstance(discovery, FixedHosts) and all(is_local_host(h) for h in discovery.hosts))
 
     def beat_interval(self, peer_timeout: float) -> float:
         return link.beat_interval(peer_timeout)
 
     def start_worker(self, start: WorkerStart) -> supervision.RankGroup:
         if is_local_host(start.host):
-            env = {k: v for k, v in start.environ.items()
-                   if k not in FOREIGN and not k.startswith("TORCHELASTIC_")}
+            env = without_enclosing_launcher(start.environ)
             env.update(start.ours)
             env[ENV_SECRET] = start.secret
             return self._spawn(start, "local", env)
