@@ -10,7 +10,6 @@ all start here.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 
 from ringtrain.launch.config import LaunchConfig
@@ -34,7 +33,6 @@ def launch(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> in
 def _launch(config: LaunchConfig, environ: dict[str, str]) -> int:
     if config.check_build:
         print(check_build())
-        sys.stdout.flush()
         return 0
     if config.ray is not None:
         from ringtrain.launch.ray.driver import launch_on_ray  # the ray extra: loaded for --ray only
