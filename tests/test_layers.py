@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("check", 60, ("ringtrain.check",)),
     ("workloads", 50, ("ringtrain.workloads",)),
     ("launch", 40, ("ringtrain.launch",)),
+    # The watch of stuck ranks: the agent's side and the ranks' probes; it needs nothing of ours.
+    ("watch", 38, ("ringtrain.watch",)),
     # The horovod shim forwards to the API; the launcher puts it on the workers' PYTHONPATH.
     ("shim", 35, ("ringtrain.shim",)),
     # Horovod's Ray executor: the shim's horovod.ray forwards to it; it needs only the engine.

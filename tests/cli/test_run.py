@@ -426,7 +426,7 @@ def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours(capsys):
 PUBLIC_FLAGS = {
     "-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
     "--ssh-identity-file", "--gloo", "--mpi", "--mpi-args", "--binding-args", "--disable-cache",
-    "--start-timeout", "--network-interfaces", "--network-interface", "--output-filename", "--verbose",
+    "--start-timeout", "--hang-timeout", "--no-watch", "--network-interfaces", "--network-interface", "--output-filename", "--verbose",
     "-cb", "--check-build", "--log-level", "--fusion-threshold-mb", "--cycle-time-ms",
     "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
     "--hierarchical-allgather", "--no-hierarchical-allgather", "--torus-allreduce",
@@ -543,3 +543,23 @@ def test_more_ranks_than_cores_warns_once_then_launches(monkeypatch, no_launch, 
     assert main(["run", "-np", "3", "python", "-c", "pass"]) == 0
     assert "warning:" not in capsys.readouterr().err
     assert len(no_launch) == 3
+
+
+def test_hang_timeout_and_no_watch_reach_the_workers_variables():
+    config = parse(["--hang-timeout", "45", "python", "x.py"])
+    assert config.hang_timeout == 45.0
+    assert config.worker_env["RINGTRAIN_HANG_TIMEOUT"] == "45"
+    assert "RINGTRAIN_WATCH" not in config.worker_env
+    off = parse(["--no-watch", "python", "x.py"])
+    assert off.watch is False
+    assert off.worker_env["RINGTRAIN_WATCH"] == "0"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_hang_timeout_is_one_line_naming_it_and_exit_2(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse(["--hang-timeout", value, "python", "x.py"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"'{value}' is not a positive number of seconds. HINT:" in err
+    assert "Traceback" not in err

@@ -78,3 +78,25 @@ def test_stall_shutdown_stops_every_rank(ranks2):
     message = ranks2.run(_stall_shutdown)[0]
     assert message.startswith("Horovod has been shut down")
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in message
+
+
+def test_the_warning_is_given_once_per_stall_with_how_to_end_the_job(monkeypatch, caplog):
+    from ringtrain.engine import stall
+
+    now = [100.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: now[0])
+    inspector = stall.StallInspector(check_time=60.0)
+    waiting = {"allreduce.w": (0.0, {0}, [0, 1])}
+    with caplog.at_level(logging.WARNING, logger="ringtrain.engine.stall"):
+        assert inspector.check(waiting) is False
+        now[0] = 1000.0  # the same stall, many check times later: not said again
+        inspector.check(waiting)
+        assert len(caplog.records) == 1
+        assert "Missing ranks:\n1: [allreduce.w]" in caplog.text
+        assert "not repeated" in caplog.text
+        assert "--hang-timeout SECONDS" in caplog.text
+        inspector.check({**waiting, "allreduce.b": (0.0, {0}, [0, 1])})  # a name it did not tell
+        assert len(caplog.records) == 2
+        inspector.check({})  # the stall is over
+        inspector.check(waiting)  # and a new one is told again
+        assert len(caplog.records) == 3

@@ -34,6 +34,8 @@ EVERYTHING = LaunchConfig(
     rdzv_id="job-7",
     standalone=True,
     max_restarts=3,
+    hang_timeout=45.0,
+    watch=False,
     requeue=True,
     master_addr="node1",
     master_port=29500,
@@ -104,6 +106,7 @@ def test_worker_env_from_the_config_alone():
         "GLOO_SOCKET_IFNAME": "eth0,ib0", "NCCL_SOCKET_IFNAME": "eth0,ib0", "HOROVOD_GLOO_IFACE": "eth0",
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_START_TIMEOUT": "12.5",
         "NCCL_DEBUG": "INFO", "RINGTRAIN_WORKER_NO_PYTHON": "1",  # -x with a value, --no-python
+        "RINGTRAIN_HANG_TIMEOUT": "45", "RINGTRAIN_WATCH": "0",  # --hang-timeout 45, --no-watch
     }
     assert LaunchConfig(command=("x",)).worker_env == {"HOROVOD_START_TIMEOUT": "30"}
 

@@ -149,6 +149,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
          "exit 0; the requeued job resumes from the snapshot (docs/preemption.md)")
     option("--start-timeout", dest="start_timeout", type=nonneg_float, default="30",
            help="seconds allowed for reaching hosts and starting (default 30)")
+    option("--hang-timeout", dest="hang_timeout", type=hang_seconds, metavar="SECONDS",
+           help="end a job whose ranks made no progress for this long, with a report naming the rank "
+           "the others wait for (default: 600 s, and only when that rank is not busy; docs/failures.md)")
+    flag("--no-watch", dest="no_watch", help="do not watch the ranks for a stuck job (no stuck report, "
+         "no hang timeout)")
     option("--network-interfaces", "--network-interface", dest="network_interfaces", metavar="NIC,...",
            help="network interfaces for gloo/NCCL (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)")
     option("--output-filename", dest="output_filename", metavar="DIR",
@@ -249,6 +254,16 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
     record_sources(parser)
+
+
+def hang_seconds(text: str) -> float:
+    """``--hang-timeout``'s type: positive seconds, or argparse's error naming the value and the fix."""
+    from ringtrain.watch.node import parse_hang_timeout
+
+    try:
+        return parse_hang_timeout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--hang-timeout ")) from None
 
 
 def parse_cooldown_range(value: Any) -> tuple[int, int]:
@@ -459,6 +474,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         check_build=bool(args.check_build),
         log_level=args.log_level,
         max_restarts=args.max_restarts,
+        hang_timeout=args.hang_timeout,
+        watch=not args.no_watch,
         **nodes,
         requeue=bool(args.requeue),
         horovod_shim=not args.no_horovod_shim,

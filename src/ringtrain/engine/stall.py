@@ -24,7 +24,8 @@ class StallInspector:
             # Horovod only honours a shutdown time that exceeds the warning time.
             self.shutdown_time = 0.0
         self._last_report = 0.0
-        self._last_warning = 0.0
+        self._told: set[tuple[int, str]] = set()
+        """(rank, name) pairs already warned about in this stall."""
         #: rank -> {name: (first time rank 0 heard about it, process set id)}
         self.reports: dict[int, dict[str, tuple[float, int]]] = {}
 
@@ -44,6 +45,13 @@ class StallInspector:
         old = self.reports.get(rank, {})
         self.reports[rank] = {name: (old.get(name, (now, set_id))[0], set_id) for name, set_id in names}
 
+    def _hint(self) -> str:
+        if self.shutdown_time:
+            return f"This warning is not repeated; the job ends after {self.shutdown_time:g} s of stall."
+        return ("This warning is not repeated. Under `ringtrain run` the launcher names the rank the job "
+                "waits for and where it is; HINT: `ringtrain run --hang-timeout SECONDS` (or "
+                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) ends a job stuck that long (docs/failures.md).")
+
     def forget(self, name: str) -> None:
         for names in self.reports.values():
             names.pop(name, None)
@@ -59,23 +67,28 @@ class StallInspector:
         now = time.monotonic()
         stalled = {name: v for name, v in waiting.items() if now - v[0] >= self.check_time and v[2]}
         if not stalled:
+            self._told.clear()  # the stall is over: a new one is warned about again
             return False
-        if now - self._last_warning >= self.check_time:
-            self._last_warning = now
-            missing: dict[int, list[str]] = {}
-            for name, (_, submitted, expected) in sorted(stalled.items()):
-                for rank in expected:
-                    if rank not in submitted:
-                        missing.setdefault(rank, []).append(name)
-            if missing:
-                lines = "\n".join(f"{rank}: [{', '.join(names)}]" for rank, names in sorted(missing.items()))
-                log.warning(
-                    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-                    "ranks and are waiting for remainder of ranks for more than %d seconds. This may "
-                    "indicate that different ranks are trying to submit different tensors or that only "
-                    "subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n%s",
-                    int(self.check_time),
-                    lines,
-                )
+        missing: dict[int, list[str]] = {}
+        for name, (_, submitted, expected) in sorted(stalled.items()):
+            for rank in expected:
+                if rank not in submitted:
+                    missing.setdefault(rank, []).append(name)
+        told = {(rank, name) for rank, names in missing.items() for name in names}
+        # Once per stall: Horovod repeats its warning every check time for as long as the job hangs,
+        # which says nothing new and never says how to end the job.
+        if missing and not told <= self._told:
+            self._told |= told
+            lines = "\n".join(f"{rank}: [{', '.join(names)}]" for rank, names in sorted(missing.items()))
+            log.warning(
+                "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                "ranks and are waiting for remainder of ranks for more than %d seconds. This may "
+                "indicate that different ranks are trying to submit different tensors or that only "
+                "subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n%s\n"
+                "%s",
+                int(self.check_time),
+                lines,
+                self._hint(),
+            )
         oldest = min(v[0] for v in stalled.values())
         return bool(self.shutdown_time) and now - oldest >= self.shutdown_time

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # torch is imported when the agent starts, not when the launc
 
     from ringtrain.launch.rendezvous import NodeMeeting
     from ringtrain.launch.restarts import GroupAgent, Restart
+    from ringtrain.watch.node import NodeWatch, Verdict
 
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
@@ -186,15 +187,58 @@ class _NodeRun:
     log_dir: str
     history: list[tuple[Restart, list[RankFailure]]] = field(default_factory=list)
     agents: list[GroupAgent] = field(default_factory=list)
+    watch: NodeWatch | None = None
 
     def failures(self, found: Mapping[int, ProcessFailure]) -> list[RankFailure]:
-        """torch's failure records of ranks (by global rank) as this node's failure reports."""
-        return [_failure_from(rank, pf, self.host,
-                              _stderr_path(self.log_dir, self.spec.output_dir, rank, pf.local_rank))
-                for rank, pf in found.items()]
+        """torch's failure records of ranks (by global rank) as this node's failure reports; a rank the
+        watch ended as stuck carries the watch's report (the job's root cause)."""
+        failures = [_failure_from(rank, pf, self.host,
+                                  _stderr_path(self.log_dir, self.spec.output_dir, rank, pf.local_rank))
+                    for rank, pf in found.items()]
+        verdict = self.watch.forget_verdict() if self.watch is not None else None
+        return _with_verdict(failures, verdict) if verdict is not None else failures
 
     def ranks_now(self) -> list[int]:
         return self.agents[0].rank_pids() if self.agents else []
+
+
+def _with_verdict(failures: list[RankFailure], verdict: Verdict) -> list[RankFailure]:
+    """The failures with the stuck rank's replaced by the watch's report of it, timed when it was made
+    (before the watch ended the rank, so before any failure that ending caused)."""
+    stuck = [replace(f, time=verdict.time, message=verdict.message, traceback=verdict.traceback,
+                     output_tail="", hint=verdict.hint, state=f"stuck, ended by the watch ({f.status()})")
+             for f in failures if f.rank == verdict.rank]
+    if not stuck:
+        stuck = [RankFailure(host=verdict.host, rank=verdict.rank, local_rank=-1, exitcode=1, pid=verdict.pid,
+                             time=verdict.time, message=verdict.message, traceback=verdict.traceback,
+                             hint=verdict.hint, state="stuck, ended by the watch")]
+    return stuck + [f for f in failures if f.rank != verdict.rank]
+
+
+def _start_watch(run: _NodeRun, env: dict[str, str], say: Callable[[str], None]) -> NodeWatch | None:
+    """The watch of this node's ranks, when the whole job runs here and the launcher did not turn it off;
+    ``env`` (the workers' variables) gets what the ranks' probes need."""
+    from ringtrain.watch.node import STALL_SHUTDOWN_VARIABLE, NodeWatch, WatchSettings
+    from ringtrain.watch.probe import WATCH_DIR_VARIABLE
+
+    try:
+        settings = WatchSettings.from_env({**os.environ, **env})
+    except ValueError as exc:
+        say(f"ringtrain run: the watch is off: {exc}")
+        return None
+    # Across nodes a rank's progress is compared with ranks this agent does not see: not yet watched.
+    if not settings.enabled or run.spec.max_nodes != 1:
+        return None
+    folder = Path(run.log_dir) / "watch"
+    folder.mkdir(parents=True, exist_ok=True)
+    env[WATCH_DIR_VARIABLE] = str(folder)
+    if "TORCH_FR_BUFFER_SIZE" not in os.environ and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:
+        from ringtrain.watch.node import FLIGHT_RECORDER_ENTRIES
+
+        env["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES  # names the collective a stuck rank is in
+    if settings.hang_timeout:
+        env[STALL_SHUTDOWN_VARIABLE] = "0"  # the watch ends the job, naming the rank waited for
+    return NodeWatch(folder, run.host, run.ranks_now, say, settings).start()
 
 
 def run_node(spec: NodeSpec, command: list[str]) -> int:
@@ -215,6 +259,7 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
     logs = RankLogsSpecs(log_dir=run.log_dir, output_dir=spec.output_dir, redirects=spec.redirects,
                          tee=spec.tee, relay=relay)
     torch_config, env, meeting = _agent_setup(spec, run.host, logs, relay.worker_variables())
+    run.watch = _start_watch(run, env, relay.say)
     # The agent runs every argument through string.Template (its ${local_rank} macro), which turns "$$"
     # into "$"; doubling each "$" hands the user's arguments over unchanged.
     args = ["-u", "-m", "ringtrain.launch.worker_entry", *(arg.replace("$", "$$") for arg in command)]
@@ -259,6 +304,8 @@ def run_node(spec: NodeSpec, command: list[str]) -> int:
             meeting.close(run.agents[0].get_worker_group().spec.rdzv_handler if run.agents else None)
         sys.stdout.flush()
         sys.stderr.flush()
+        if run.watch is not None:
+            run.watch.stop()
         if not spec.log_dir:
             shutil.rmtree(run.log_dir, ignore_errors=True)
         guard.finish()

@@ -23,6 +23,7 @@ from ringtrain.exceptions import UsageError
 from ringtrain.launch.hosts import HostSlots
 from ringtrain.launch.worker_entry import NO_PYTHON_VARIABLE
 from ringtrain.shim import shim_pythonpath
+from ringtrain.watch.node import HANG_TIMEOUT_VARIABLE, WATCH_VARIABLE
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class LaunchConfig:
     rdzv_id: str | None = None
     standalone: bool = False
     max_restarts: int = 0
+    hang_timeout: float | None = None
+    """Seconds without progress that end a stuck job (None: the watch's default)."""
+    watch: bool = True
+    """Watch the ranks for a stuck job and name the rank it waits for (``--no-watch``: off)."""
     requeue: bool = False
     """``--requeue``: when the ranks end preempted (status 75), requeue the batch job this launcher runs
     in and end 0 (launch/requeue.py). Only the launcher does: never set on the agents it starts."""
@@ -138,6 +143,10 @@ class LaunchConfig:
         if self.no_python:
             env[NO_PYTHON_VARIABLE] = "1"
         env["HOROVOD_START_TIMEOUT"] = f"{self.start_timeout:g}"
+        if self.hang_timeout is not None:
+            env[HANG_TIMEOUT_VARIABLE] = f"{self.hang_timeout:g}"
+        if not self.watch:
+            env[WATCH_VARIABLE] = "0"
         return env
 
     def table(self) -> str:

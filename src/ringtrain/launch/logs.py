@@ -213,6 +213,13 @@ class ConsoleRelay:
             self._live = source
         self._draw_live()
 
+    def say(self, text: str) -> None:
+        """Print the launcher's own lines on stderr between whole lines of the ranks' output."""
+        with self._lock:
+            self._hide_live()
+            self._write(self.stderr, text.rstrip("\n") + "\n")
+            self._draw_live()
+
     # --- the ranks' files -------------------------------------------------------------------
 
     def follow(self, files: Mapping[int, tuple[str | None, str | None]]) -> None:

@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 
 from ringtrain.engine import rank_env
+from ringtrain.watch.probe import WATCH_DIR_VARIABLE
 
 #: Set for the workers of ``ringtrain run --no-python``: the command is exec'd as it is. Not a
 #: ``RINGTRAIN_<DEST>`` flag variable, so a ``ringtrain run`` that a worker starts does not inherit the flag.
@@ -250,6 +251,10 @@ def run_command(argv: list[str]) -> int:
         # get the same from torch's @record.
         if not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)
+        if WATCH_DIR_VARIABLE in os.environ:  # the agent watches for a stuck job (ringtrain.watch)
+            from ringtrain.watch import probe
+
+            probe.start()
         return run_python(rest if is_python(program) else argv)
     if is_python(program):
         program = sys.executable
