@@ -426,7 +426,8 @@ def test_options_of_the_command_are_not_taken_for_abbreviations_of_ours(capsys):
 PUBLIC_FLAGS = {
     "-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
     "--ssh-identity-file", "--gloo", "--mpi", "--mpi-args", "--binding-args", "--disable-cache",
-    "--start-timeout", "--hang-timeout", "--no-watch", "--network-interfaces", "--network-interface", "--output-filename", "--verbose",
+    "--start-timeout", "--hang-timeout", "--no-watch",
+    "--network-interfaces", "--network-interface", "--output-filename", "--verbose",
     "-cb", "--check-build", "--log-level", "--fusion-threshold-mb", "--cycle-time-ms",
     "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
     "--hierarchical-allgather", "--no-hierarchical-allgather", "--torus-allreduce",

@@ -82,10 +82,12 @@ class RankView:
 
     def place(self) -> str:
         """``at train.py:42 in step``: where in the user's code the main thread is."""
+        # a stopped process's probe stopped with it: its record is from before
+        seen = "last seen " if self.process == "stopped" else ""
         if self.where is None:
-            return "outside the script's own code"
+            return f"{seen}outside the script's own code"
         path, line, function = self.where
-        return f"at {path}:{line} in {function}"
+        return f"{seen}at {path}:{line} in {function}"
 
 
 @dataclass(frozen=True)
