@@ -1,12 +1,18 @@
 """The root-cause report and the marker lines agents send to a driver."""
 
 import signal
+import socket
+import sys
+from pathlib import Path
 
 import pytest
 
+from ringtrain.engine.background import SHUT_DOWN_MESSAGE
 from ringtrain.launch.report import (
+    SHUT_DOWN_WORDS,
     RankFailure,
     asks_for_gpu,
+    because_of_another_rank,
     earliest,
     format_earlier_attempts,
     format_report,
@@ -60,6 +66,112 @@ def test_within_a_second_a_rank_that_lost_its_peer_comes_after_the_rank_that_was
     assert earliest([failure(1, 99.9, message=message), killed]).rank == 1
     # and it is still a root cause when nothing else failed
     assert earliest([consequence]) is consequence
+
+
+# What ringtrain's engine raises on a rank whose collectives fail because another rank failed first
+# (engine.background, engine.liveness, engine.control_plane); the shut-down text is the engine's own.
+SHUT_DOWN = f"HorovodInternalError: {SHUT_DOWN_MESSAGE}"
+SILENT = ("rank 1 on host hostB has given no sign of life for 31 s (RINGTRAIN_PEER_TIMEOUT_SECONDS=30): its "
+          "process was killed or hung, its host went down, or the network between hostA and it was cut")
+TOLD = ("rank 1 on host hostB has failed: rank 2 on host hostC heard no heartbeat from it for 30 s "
+        "(RINGTRAIN_PEER_TIMEOUT_SECONDS); its process was killed or hung, its host went down, or the "
+        "network to it was cut")
+CONSEQUENCES = [
+    # another rank stopped the engine (its interpreter exited after its own error)
+    pytest.param(SHUT_DOWN, id="shut-down"),
+    pytest.param(f"{SHUT_DOWN} (rank 0 on host hostA: {SILENT})", id="shut-down-peer-silent"),
+    pytest.param(f"{SHUT_DOWN} (rank 0 on host hostA: {TOLD})", id="shut-down-peer-declared-failed"),
+    pytest.param(f"{SHUT_DOWN} (rank 0 on host hostA: a collective failed: RuntimeError: [gloo] Timed out "
+                 "waiting 1800000ms (rank 1 on host hostB exited: its connection is closed))",
+                 id="shut-down-collective-peer-exited"),
+    pytest.param(f"ControlPlaneError: {TOLD}", id="control-plane-peer-declared-failed"),
+    pytest.param("ControlPlaneError: a gloo operation was abandoned: rank 1 on host hostB left",
+                 id="wait-abandoned"),
+]
+
+
+@pytest.mark.parametrize("message", CONSEQUENCES)
+def test_a_rank_whose_engine_shut_down_because_another_failed_comes_after_the_rank_that_failed(message):
+    killed = failure(1, 100.0, exitcode=-signal.SIGKILL)  # no error file: timed to the second
+    consequence = failure(0, 100.6, message=message)
+    assert earliest([consequence, killed]) is killed
+    assert earliest([killed, consequence]) is killed
+    assert earliest([consequence]) is consequence  # still a root cause when nothing else failed
+
+
+@pytest.mark.parametrize("message", [
+    f"{SHUT_DOWN} (stall: requests waited longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=60)",
+    f"{SHUT_DOWN} (rank 0 on host hostA: a collective failed: RuntimeError: input tensor has a bad size)",
+    "HorovodInternalError: Mismatched allreduce tensor shapes: One rank sent a tensor of shape [2], but "
+    "another rank sent a tensor of shape [3].",
+    "HorovodInternalError: Reducescatter currently only supports AVERAGE and SUM.",
+])
+def test_an_engine_error_that_is_the_rank_s_own_finding_stays_a_cause(message):
+    killed = failure(1, 100.0, exitcode=-signal.SIGKILL)
+    cause = failure(0, 100.6, message=message)
+    assert earliest([killed, cause]) is cause
+
+
+@pytest.mark.parametrize("consequence", [
+    SHUT_DOWN,
+    f"{SHUT_DOWN} (rank 0 on host hostA: {SILENT})",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[127.0.0.1]:40123",
+])
+@pytest.mark.parametrize(("failed_at", "consequence_at"), [
+    (100.30, 100.35),  # the same second
+    (100.95, 101.02),  # the next one
+    (100.30, 100.10),  # even timed first (another host's clock): the consequence is second within it
+])
+def test_a_rank_stopped_by_sigterm_after_its_own_error_is_the_root_cause(consequence, failed_at,
+                                                                          consequence_at):
+    # rank 1 raised and wrote its error file, but was still exiting when rank 0, whose engine shut down
+    # under it, exited: torch's agent then stopped rank 1 with SIGTERM
+    failed = failure(1, failed_at, exitcode=-signal.SIGTERM, message="RuntimeError: boom at step 5",
+                     traceback='Traceback ...\n    raise RuntimeError("boom at step 5")\n')
+    other = failure(0, consequence_at, message=consequence)
+    assert earliest([other, failed]) is failed
+    assert earliest([failed, other]) is failed
+    # ranks stopped by SIGTERM without an error of their own still come last, after every other failure
+    silent = failure(2, 1.0, exitcode=-signal.SIGTERM)
+    assert earliest([silent, other, failed]) is failed
+    assert earliest([silent, other]) is other
+    stopped_after_consequence = failure(3, 1.0, exitcode=-signal.SIGTERM, message=consequence)
+    assert earliest([stopped_after_consequence, other, failed]) is failed
+    assert earliest([stopped_after_consequence, failure(0, 101.0, exitcode=2)]).rank == 0
+
+
+@pytest.mark.parametrize("other_message", ["ValueError: bad batch", ""])
+def test_a_sigterm_d_rank_with_its_own_error_is_ordered_by_its_time_like_any_failure(other_message):
+    stopped_after_error = failure(1, 100.4, exitcode=-signal.SIGTERM, message="RuntimeError: boom")
+    later = failure(0, 101.0, exitcode=2, message=other_message)
+    assert earliest([later, stopped_after_error]) is stopped_after_error
+    # and an earlier real failure still wins over it
+    earlier = failure(2, 99.5, exitcode=2, message="ValueError: first")
+    assert earliest([stopped_after_error, earlier]) is earlier
+
+
+def test_the_report_of_a_root_stopped_by_sigterm_after_its_error_says_so_and_lists_the_consequence():
+    root = failure(1, 100.3, exitcode=-signal.SIGTERM, message="RuntimeError: boom at step 5",
+                   traceback='Traceback ...\n    raise RuntimeError("boom at step 5")\n')
+    consequence = failure(0, 100.35, message=SHUT_DOWN)
+    assert earliest([consequence, root]) is root
+    text = format_report(root, 2, 2, others=[consequence, root])
+    lines = text.splitlines()
+    assert "  rank       : 1 of 2" in lines
+    assert "  status     : killed by SIGTERM (while exiting after the error below)" in lines
+    assert "  error      : RuntimeError: boom at step 5" in lines
+    assert '        raise RuntimeError("boom at step 5")' in lines
+    assert [line for line in lines if line.startswith("  also       : ")] == [
+        f"  also       : rank 0 on hostB exit code 1 ({SHUT_DOWN})"]
+    assert lines[-1] == "  (1 other rank(s) failed after it; every other rank was stopped.)"
+    # a root stopped by SIGTERM without an error (nothing else failed) keeps the plain status
+    assert "  status     : killed by SIGTERM\n" in format_report(failure(1, 1.0, exitcode=-signal.SIGTERM))
+
+
+def test_the_consequence_words_follow_the_engine_s_shut_down_message():
+    assert SHUT_DOWN_MESSAGE.startswith(SHUT_DOWN_WORDS)
+    assert because_of_another_rank(f"HorovodInternalError: {SHUT_DOWN_MESSAGE}")
 
 
 def test_report_names_host_rank_signal_and_traceback():
@@ -146,3 +258,36 @@ def test_ranks_that_all_stopped_with_75_or_were_stopped_after_are_preempted_not_
     assert not preempted([failure(0, 1.0, exitcode=75), failure(1, 2.0, exitcode=-signal.SIGKILL)])
     assert not preempted([failure(0, 1.0, exitcode=-signal.SIGTERM)])
     assert not preempted([])
+
+
+RAISE_SCRIPT = Path(__file__).parent / "scripts" / "hvd_raise.py"
+#: Trials of the race below; each is one 2-rank job of a tiny script (about 3 s on 2 cores).
+RAISE_TRIALS = 10
+
+
+@pytest.mark.slow
+def test_the_rank_that_raised_is_the_root_cause_though_it_was_stopped_while_exiting(capfd):
+    # the job that `ringtrain run -np 2 python hvd_raise.py` starts on one host (driver._launch_node ->
+    # run_node): rank 1 raises, rank 0's engine shuts down under it, rank 0 exits first and its agent
+    # stops rank 1 with SIGTERM while rank 1 is still exiting (see the script), in every trial
+    from ringtrain.launch.agent import NodeSpec, run_node
+    from tests.ranks import free_port
+
+    for n in range(RAISE_TRIALS):
+        node = NodeSpec(nproc=2, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout=60.0,
+                        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+        code = run_node(node, [sys.executable, str(RAISE_SCRIPT)])
+        err = capfd.readouterr().err
+        where = f"trial {n + 1} of {RAISE_TRIALS}:\n{err[-6000:]}"
+        assert code == 1, where
+        report = err[err.index("Root cause (first rank to fail):"):].splitlines()
+        assert "  rank       : 1" in report, where
+        assert "  status     : killed by SIGTERM (while exiting after the error below)" in report, where
+        assert "  error      : RuntimeError: boom at step 5" in report, where
+        assert '        raise RuntimeError("boom at step 5")' in report, where
+        assert [line for line in report if line.startswith("  also       : rank 0 ")] == [
+            f"  also       : rank 0 on {socket.gethostname()} exit code 1 ({SHUT_DOWN})"], where
+        # each rank marks in its own output where it failed; only rank 1's traceback is in the report
+        assert "[1] RuntimeError: boom at step 5 (traceback in the launcher's failure report)" in err, where
+        assert (f"[0] {SHUT_DOWN} (because another rank failed or stopped first; see the launcher's "
+                "report)") in err, where

@@ -105,6 +105,44 @@ def test_the_error_file_holds_the_exception(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]
 
 
+@pytest.mark.parametrize(("code", "line"), [
+    pytest.param("raise RuntimeError('boom at step 5\\nsecond line')",
+                 "RuntimeError: boom at step 5 (traceback in the launcher's failure report)", id="own-error"),
+    pytest.param("from ringtrain.exceptions import HorovodInternalError\n"
+                 "raise HorovodInternalError('Mismatched allreduce tensor shapes: One rank sent [2], but "
+                 "another rank sent [3].')",
+                 "HorovodInternalError: Mismatched allreduce tensor shapes: One rank sent [2], but another "
+                 "rank sent [3]. (traceback in the launcher's failure report)", id="own-engine-error"),
+    pytest.param("from ringtrain.engine.background import SHUT_DOWN_MESSAGE\n"
+                 "from ringtrain.exceptions import HorovodInternalError\n"
+                 "raise HorovodInternalError(SHUT_DOWN_MESSAGE)",
+                 "HorovodInternalError: Horovod has been shut down. This was caused by an exception on one "
+                 "of the ranks", id="engine-shut-down"),
+    pytest.param("raise RuntimeError('[gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                 "[127.0.0.1]:40123')",
+                 "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123 "
+                 "(because another rank failed or stopped first; see the launcher's report)",
+                 id="peer-closed"),
+])
+def test_a_python_rank_that_failed_prints_one_line_that_says_whether_its_error_is_its_own(
+        code, line, tmp_path, monkeypatch, capsys):
+    # the root cause's traceback is in the launcher's report; a rank that failed because another one
+    # did (a survivor of a restart too, whose own error the launcher reports nowhere) says so instead
+    from ringtrain.launch.worker_entry import run_python
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert run_python(["-c", code]) == 1
+    printed = capsys.readouterr().err.splitlines()
+    assert len(printed) == 1
+    assert printed[0].startswith(line)
+    own = "(traceback in the launcher's failure report)"
+    assert printed[0].endswith(own if own in line else
+                               "(because another rank failed or stopped first; see the launcher's report)")
+    assert (tmp_path / "error.json").exists()  # the report still learns why it failed
+
+
 # The agent: starts a rank that ignores SIGTERM (the kernel's parent-death signal) and watches for
 # being orphaned with a short grace, prints the rank's pid, then waits to be killed.
 _AGENT = """

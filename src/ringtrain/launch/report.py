@@ -26,11 +26,22 @@ PREEMPTED_EXIT = 75
 #: Words in an error that mean the rank asked for a GPU (CUDA tensors, NCCL, the NVIDIA driver).
 _GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
 
-#: Words in an error that mean the rank failed because another one went away (gloo's and NCCL's
-#: transports, ringtrain's engine): a consequence, not a cause.
-_PEER_LOST_WORDS = re.compile(r"closed by peer|reset by peer|broken pipe|remote process exited|"
-                              r"\(it exited or failed\)|: it exited or failed|failed during a transfer",
-                              re.IGNORECASE)
+#: Words in an error that mean the rank failed because another one failed first or went away (gloo's
+#: and NCCL's transports; ringtrain's control plane, heartbeats and aborted waits): a consequence, not a
+#: cause.
+_CONSEQUENCE_WORDS = re.compile(r"closed by peer|reset by peer|broken pipe|remote process exited|"
+                                r"\(it exited or failed\)|: it exited or failed|failed during a transfer|"
+                                r"exited: its connection is closed|has given no sign of life for|"
+                                r"has failed: .* heard no heartbeat|was abandoned: ",
+                                re.IGNORECASE)
+#: The first words of ringtrain's engine's ``SHUT_DOWN_MESSAGE`` (ringtrain.engine.background): every
+#: rank's pending and later collectives fail with it once any rank stops the engine (it failed and its
+#: interpreter exited, or a peer was declared failed). Not imported from there: the engine needs torch.
+SHUT_DOWN_WORDS = "Horovod has been shut down."
+#: What the engine adds to its shut-down message when the shut-down was this rank's own finding: a stall
+#: it detected, or a collective that failed here (that one is a consequence only when its detail names a
+#: peer that went away, which :data:`_CONSEQUENCE_WORDS` finds).
+_OWN_SHUT_DOWN = re.compile(r"\(stall: |: a collective failed: ")
 
 
 @dataclass(frozen=True)
@@ -99,21 +110,45 @@ def no_gpu_hint(host: str) -> str:
 def earliest(failures: Iterable[RankFailure]) -> RankFailure | None:
     """The root cause: the failure that happened first (ties keep the order of arrival).
 
-    Ranks ended by SIGTERM were stopped by their agent because another rank failed, so they come last.
-    A rank that left no error file is timed by torch's agent to the whole second only, so within one
-    second a rank that said why it failed (its own, exact time) comes first, unless what it said is
-    that a peer went away: that rank failed because of another one (a rank killed by a signal, timed to
-    the second), so within one second it comes after every other.
+    Ranks ended by SIGTERM without an error of their own were stopped by their agent because another
+    rank failed, so they come last (:func:`stopped_by_its_agent`). One ended by SIGTERM that left an
+    error of its own failed of its own accord first and was stopped while it exited (the agent stops
+    every rank once one has exited): it takes part like any failure, by its own exact time. A rank that
+    left no error file is timed by torch's agent to the whole second only, so within one second a rank
+    that said why it failed (its own, exact time) comes first, unless what it said is that it failed
+    because of another rank (a peer went away, or the engine shut down once another rank stopped it:
+    :func:`because_of_another_rank`): such a rank comes after every other within its second.
     """
     ordered = sorted(enumerate(failures),
-                     key=lambda item: (item[1].exitcode == -signal.SIGTERM, int(item[1].time),
-                                       lost_a_peer(item[1]), not item[1].message, item[1].time, item[0]))
+                     key=lambda item: (stopped_by_its_agent(item[1]), int(item[1].time),
+                                       failed_because_of_another_rank(item[1]), not item[1].message,
+                                       item[1].time, item[0]))
     return ordered[0][1] if ordered else None
 
 
-def lost_a_peer(failure: RankFailure) -> bool:
-    """Whether the rank's error says that another rank's connection closed under it."""
-    return bool(failure.message and _PEER_LOST_WORDS.search(failure.message))
+def stopped_by_its_agent(failure: RankFailure) -> bool:
+    """Whether the rank ended by SIGTERM without an error of its own: it left no error message, or one
+    that says it failed because of another rank. A rank that left an error of its own had failed before
+    the signal came."""
+    return failure.exitcode == -signal.SIGTERM and (not failure.message
+                                                     or because_of_another_rank(failure.message))
+
+
+def because_of_another_rank(message: str) -> bool:
+    """Whether an error message (``Type: text``) says that the rank failed because another rank failed
+    first: its connection to a peer closed or broke, a peer was declared failed, or ringtrain's engine
+    was shut down under it (``HorovodInternalError: Horovod has been shut down. ...``), unless the
+    shut-down was this rank's own finding (a stall, a collective that failed here for its own reason).
+    Any other error, a ``HorovodInternalError`` about mismatched requests among them, is a cause."""
+    if _CONSEQUENCE_WORDS.search(message):
+        return True
+    at = message.find(SHUT_DOWN_WORDS)
+    return at >= 0 and not _OWN_SHUT_DOWN.search(message, at)
+
+
+def failed_because_of_another_rank(failure: RankFailure) -> bool:
+    """Whether the rank's error says that it failed because another rank failed first."""
+    return bool(failure.message) and because_of_another_rank(failure.message)
 
 
 def format_report(root: RankFailure, total_failed: int = 1, world_size: int | None = None,
@@ -122,13 +157,17 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
     said why they stopped (in other words than the root's) get a line each."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.time))
     after = f" after {len(root.history) - 1} restart(s)" if len(root.history) > 1 else ""
+    status = root.status()
+    if not stopped_by_its_agent(root) and root.exitcode == -signal.SIGTERM and not root.state:
+        # it failed of its own accord and was stopped by its agent as it exited
+        status += " (while exiting after the error below)"
     lines = [
         f"ringtrain run: job failed{after}. Root cause (first rank to fail):",
         f"  host       : {root.host}",
         f"  rank       : {root.rank}" + (f" of {world_size}" if world_size else "")
         if root.rank >= 0 else "  rank       : none (the node's agent failed before or outside its ranks)",
         f"  local rank : {root.local_rank}" if root.local_rank >= 0 else "  local rank : -",
-        f"  status     : {root.status()}",
+        f"  status     : {status}",
         f"  pid        : {root.pid}",
         f"  time       : {when}",
     ]

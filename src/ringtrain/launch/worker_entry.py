@@ -124,14 +124,29 @@ def run_python(argv: Sequence[str]) -> int:
         if write_error_file(exc, os.environ):
             # The launcher's failure report shows the traceback; printing it here as well showed it twice.
             # One line still marks, among this rank's own output, where it failed.
-            first_line = (str(exc).splitlines() or [""])[0]
-            sys.stderr.write(f"{type(exc).__name__}: {first_line} "
-                             "(traceback in the launcher's failure report)\n")
+            sys.stderr.write(error_line(exc))
         else:
             sys.stderr.write(user_traceback(exc))
         sys.stderr.flush()
         return 1
     return 0
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a rank prints where it failed, its error being in the launcher's report.
+
+    A rank that failed because another one failed first (its engine shut down under it, its peer's
+    connection closed: :func:`ringtrain.launch.report.because_of_another_rank`) is not the root cause,
+    whose traceback the report shows: its line says so instead of pointing at its own traceback, which
+    the report does not show (and which a job that recovered by a restart does not report at all).
+    """
+    from ringtrain.launch.report import because_of_another_rank
+
+    first_line = (str(exc).splitlines() or [""])[0]
+    if because_of_another_rank(f"{type(exc).__name__}: {exc}"):
+        return (f"{type(exc).__name__}: {first_line} "
+                "(because another rank failed or stopped first; see the launcher's report)\n")
+    return f"{type(exc).__name__}: {first_line} (traceback in the launcher's failure report)\n"
 
 
 _PR_SET_PDEATHSIG = 1
