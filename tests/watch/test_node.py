@@ -200,3 +200,20 @@ def test_settings_from_the_launcher_s_variables():
     # Horovod's stall shutdown is the hang timeout of a watched job
     assert WatchSettings.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20"}).hang_timeout == 20.0
     assert WatchSettings.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"}).hang_timeout is None
+
+
+def test_a_straggler_is_said_once_while_it_stays_and_again_in_the_run_s_summary(setup):
+    folder, clock, said, ended, make = setup
+    watch = make()
+    for look in range(3):
+        seqs = range(look * 40, look * 40 + 40)
+        write(folder, 0, 1000.0 + look, 40 * look + 40, arrivals=[[s, s * 0.1] for s in seqs])
+        write(folder, 1, 1000.0 + look, 40 * look + 40, arrivals=[[s, s * 0.1 + 0.05] for s in seqs])
+        clock.now = 1000.0 + look
+        watch.look()
+    lines = [line for line in said if "slowest" in line]
+    assert lines == ["ringtrain run: rank 1 on node1 is the slowest: it arrives last at 100 % of 80 "
+                     "collectives, 50 ms after the others (median)"]
+    watch.stop()
+    assert said[-1].startswith("ringtrain run: over the whole run, rank 1 on node1 is the slowest")
+    assert "of 120 collectives" in said[-1]

@@ -87,3 +87,17 @@ def test_horovod_s_stall_shutdown_time_ends_a_watched_job_naming_the_rank_waited
     assert "rank       : 1" in root
     assert "ended by the hang timeout, 3 s" in root
     assert err.count("One or more tensors were submitted") <= 1
+
+
+def test_a_rank_slower_than_the_others_is_named_live_and_in_the_run_s_summary():
+    script = str(Path(STUCK).with_name("slow_rank.py"))
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, script, "150"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    live = [line for line in result.stderr.splitlines() if "is the slowest" in line]
+    assert live, result.stderr
+    assert live[0].startswith("ringtrain run: rank 1 on ")
+    assert live[-1].startswith("ringtrain run: over the whole run, rank 1 on ")
+    assert " ms after the others (median)" in live[-1]

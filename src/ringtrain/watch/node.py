@@ -31,6 +31,7 @@ from ringtrain.watch.diagnosis import (
     summary,
 )
 from ringtrain.watch.probe import STACKS_REQUEST, stacks_path
+from ringtrain.watch.stragglers import Arrivals
 
 #: Variables the launcher sets for the agent (and every rank inherits, harmlessly).
 HANG_TIMEOUT_VARIABLE = "RINGTRAIN_HANG_TIMEOUT"
@@ -40,6 +41,8 @@ STALL_SHUTDOWN_VARIABLE = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 #: Flight-recorder entries kept per process group when the user did not choose: enough to name the
 #: newest collective, small enough to dump in well under a millisecond.
 FLIGHT_RECORDER_ENTRIES = "64"
+#: Seconds between two lines about the same straggler.
+STRAGGLER_REPEAT_S = 600.0
 #: How long the watch waits for the ranks' stacks.
 STACKS_WAIT_S = 3.0
 
@@ -152,6 +155,9 @@ class NodeWatch:
         self._stacks: dict[int, str] = {}
         self._stacks_file: str | None = None
         self._requests = 0
+        self.arrivals = Arrivals()
+        self._straggler_told: tuple[int, float] | None = None
+        self.said_straggler = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -159,14 +165,37 @@ class NodeWatch:
 
     def views(self) -> list[RankView]:
         live = set(self.pids())
-        views = []
+        views, records = [], []
         for path in sorted(self.folder.glob("rank-*.json")):
             record = read_record(path)
             if record is None or record.get("pid") not in live:
                 continue  # a rank of an earlier attempt, or one that has not written yet
             state, cpu = self.processes.read(int(record["pid"]))
             views.append(RankView.from_record(record, self.host, state, cpu))
+            records.append(record)
+        ranks = {view.rank for view in views}
+        if len(ranks) > 1 and len(ranks) == len(live):
+            for record in records:
+                pairs = [(int(seq), float(when)) for seq, when in record.get("arrivals") or ()]
+                self.arrivals.add(int(record["rank"]), pairs, ranks)
         return views
+
+    def check_stragglers(self, now: float) -> None:
+        """Say so when one rank keeps the others waiting: once, again if another rank takes its place,
+        and again every :data:`STRAGGLER_REPEAT_S` while it stays."""
+        found = self.arrivals.straggler()
+        if found is None:
+            return
+        told = self._straggler_told
+        if told is None or told[0] != found.rank or now - told[1] >= STRAGGLER_REPEAT_S:
+            self._straggler_told = (found.rank, now)
+            self.said_straggler = True
+            self.say(f"ringtrain run: {found.line(self.host)}")
+
+    def final_summary(self) -> str | None:
+        """The run's straggler line for its end (None when no rank kept the others waiting)."""
+        found = self.arrivals.summary() if self.said_straggler else None
+        return f"ringtrain run: over the whole run, {found.line(self.host)}" if found else None
 
     def look(self) -> Stuck | None:
         """Read the records, and report or end a stuck job; returns the diagnosis (None: not stuck)."""
@@ -176,6 +205,7 @@ class NodeWatch:
         for view in views:
             self.pace.saw_progress(view.progress_time)
         now = self.clock()
+        self.check_stragglers(now)
         stuck = diagnose(views, now, self.pace.seconds(self.settings.hang_timeout))
         if stuck is None:
             if self._told is not None and max(v.progress_time for v in views) > self._told:
@@ -271,9 +301,13 @@ class NodeWatch:
         return self
 
     def stop(self) -> None:
+        """Stop looking; the run's straggler summary, if any, is said last."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        line = self.final_summary()
+        if line:
+            self.say(line)
 
     def forget_verdict(self) -> Verdict | None:
         """The verdict, taken: the ranks are restarted, and the next attempt is watched afresh."""

@@ -24,6 +24,7 @@ import sysconfig
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
@@ -34,6 +35,8 @@ WATCH_DIR_VARIABLE = "RINGTRAIN_WATCH_DIR"
 #: Seconds between two records.
 INTERVAL_S = 1.0
 PROBE_THREAD = "ringtrain-watch"
+#: Arrival times a record carries: the newest, so that a record the agent missed loses none.
+ARRIVALS_KEPT = 256
 #: The agent's request for stacks: a file holding a request number.
 STACKS_REQUEST = "stacks.request"
 
@@ -131,8 +134,8 @@ class TorchGroup:
         except Exception:  # noqa: BLE001 - a torch without the counter, a group being torn down
             return None
 
-    def newest(self, sequence: int) -> dict[str, Any] | None:
-        """The flight recorder's entry for collective ``sequence`` of the default group, if kept."""
+    def entries(self) -> list[dict[str, Any]] | None:
+        """The flight recorder's entries of the default group (None: this torch keeps none)."""
         if not self._looked_for_dump:
             self._looked_for_dump = True
             c10d = sys.modules.get("torch._C._distributed_c10d")
@@ -143,11 +146,22 @@ class TorchGroup:
             entries = json.loads(self._dump(includeCollectives=True, onlyActive=False)).get("entries", [])
         except Exception:  # noqa: BLE001 - no recorder for this group or backend
             return None
+        return [e for e in entries if str(e.get("pg_id", "0")) == "0" and not e.get("is_p2p")]
+
+    @staticmethod
+    def newest(entries: list[dict[str, Any]], sequence: int) -> dict[str, Any] | None:
+        """Collective ``sequence``'s name and sizes among ``entries``."""
         for entry in reversed(entries):
-            if entry.get("collective_seq_id") == sequence and str(entry.get("pg_id", "0")) == "0":
+            if entry.get("collective_seq_id") == sequence:
                 name = str(entry.get("profiling_name", "")).rpartition(":")[2] or "collective"
                 return {"op": name, "sizes": entry.get("input_sizes")}
         return None
+
+    @staticmethod
+    def arrivals(entries: list[dict[str, Any]]) -> list[tuple[int, float]]:
+        """(collective number, when this rank issued it, in seconds since the epoch) of ``entries``."""
+        return [(int(e["collective_seq_id"]), int(e["time_created_ns"]) / 1e9) for e in entries
+                if e.get("collective_seq_id") is not None and e.get("time_created_ns")]
 
 
 def engine_state() -> dict[str, Any] | None:
@@ -175,6 +189,9 @@ class Probe:
         self._progress_time = time.time()
         self._collective: dict[str, Any] | None = None
         self._answered = ""
+        #: When this rank issued its newest collectives: the agent tells the straggler from them.
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)
+        self._newest_sent = -1
 
     def record(self, now: float | None = None) -> dict[str, Any]:
         """This rank's record now (also updates when it last made progress)."""
@@ -182,17 +199,24 @@ class Probe:
         sequence = self.torch.sequence()
         engine = engine_state()
         counters = (sequence, engine["done"] if engine else None, engine["pending_count"] if engine else None)
-        if counters != self._last_counters:
+        moved = counters != self._last_counters
+        if moved:
             self._last_counters = counters
             self._progress_time = now
             self._collective = None
-        elif sequence and self._collective is None:
-            # asked only once the count stands still: a healthy job never pays for the dump
-            self._collective = self.torch.newest(sequence) or {}
+        if sequence and (moved or self._collective is None):
+            # one dump a second while collectives run (about a millisecond), none while nothing moves
+            entries = self.torch.entries()
+            if entries is not None:
+                if moved:
+                    self._arrivals.extend(a for a in self.torch.arrivals(entries) if a[0] > self._newest_sent)
+                    self._newest_sent = max((a[0] for a in self._arrivals), default=self._newest_sent)
+                else:
+                    self._collective = self.torch.newest(entries, sequence) or {}
         main = sys._current_frames().get(threading.main_thread().ident or 0)
         return {"rank": self.rank, "pid": os.getpid(), "time": now, "progress_time": self._progress_time,
                 "sequence": sequence, "collective": self._collective or None, "engine": engine,
-                "where": user_frame(main), "innermost": innermost(main)}
+                "where": user_frame(main), "innermost": innermost(main), "arrivals": list(self._arrivals)}
 
     def write_once(self) -> None:
         _write_atomically(record_path(self.folder, self.rank), json.dumps(self.record()))
