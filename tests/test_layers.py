@@ -1,6 +1,6 @@
 """The package's imports run one way, down these layers (docs/architecture.md, "Layers"):
 
-    cli -> bench -> train / check -> workloads -> launch -> shim -> ray / spark -> the Horovod API
+    cli -> bench -> train / check -> workloads -> launch -> watch -> shim -> ray / spark -> the Horovod API
     -> engine -> env
 
 ``ringtrain.exceptions`` is at the bottom, usable from anywhere. Imports are read from the source
