@@ -217,3 +217,17 @@ def test_a_straggler_is_said_once_while_it_stays_and_again_in_the_run_s_summary(
     watch.stop()
     assert said[-1].startswith("ringtrain run: over the whole run, rank 1 on node1 is the slowest")
     assert "of 120 collectives" in said[-1]
+
+
+def test_the_horovod_engine_s_requests_tell_the_straggler_by_name_and_occurrence(setup):
+    folder, clock, said, ended, make = setup
+    watch = make()
+    names = [f"allreduce.w#{n}" for n in range(1, 61)]
+    engine0 = {"done": 60, "pending": [], "pending_count": 0,
+               "arrivals": [[k, i * 0.1] for i, k in enumerate(names)]}
+    engine1 = {**engine0, "arrivals": [[k, i * 0.1 + 0.03] for i, k in enumerate(names)]}
+    write(folder, 0, 1000.0, None, engine=engine0)
+    write(folder, 1, 1000.0, None, engine=engine1)
+    watch.look()
+    assert said == ["ringtrain run: rank 1 on node1 is the slowest: it arrives last at 100 % of 60 "
+                    "collectives, 30 ms after the others (median)"]

@@ -41,7 +41,7 @@ def test_counters_that_move_are_progress_and_a_still_one_is_not(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "ringtrain.engine.state", SimpleNamespace(engine=engine))
     p = Probe(tmp_path, 0)
     first = p.record(now=10.0)
-    assert first["engine"] == {"done": 3, "pending": ["allreduce.w"], "pending_count": 1}
+    assert first["engine"] == {"done": 3, "pending": ["allreduce.w"], "pending_count": 1, "arrivals": []}
     assert p.record(now=20.0)["progress_time"] == 10.0
     engine.completed = 4
     assert p.record(now=30.0)["progress_time"] == 30.0

@@ -89,10 +89,11 @@ def test_horovod_s_stall_shutdown_time_ends_a_watched_job_naming_the_rank_waited
     assert err.count("One or more tensors were submitted") <= 1
 
 
-def test_a_rank_slower_than_the_others_is_named_live_and_in_the_run_s_summary():
+@pytest.mark.parametrize("api", ["ddp", "hvd"])
+def test_a_rank_slower_than_the_others_is_named_live_and_in_the_run_s_summary(api):
     script = str(Path(STUCK).with_name("slow_rank.py"))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, script, "150"]
+    argv = [sys.executable, "-m", "ringtrain", "run", "-np", "2", sys.executable, script, "150", api]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr

@@ -10,8 +10,10 @@ groups (:mod:`ringtrain.engine.executor`). User threads talk to the round thread
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,9 @@ _CONTROL_OPS = (OpType.BARRIER, OpType.PROCESS_SET_ADD, OpType.PROCESS_SET_REMOV
 #: its own pending is woken at once by its next submission, so a long cap costs no latency there and
 #: keeps a rank that computes while others wait for it from spending its core on empty rounds.
 _MAX_BACKOFF_S = 0.05
+#: Arrivals kept for the launcher's watch, and names whose submissions are counted.
+_ARRIVALS_KEPT = 256
+_ARRIVAL_NAMES_KEPT = 65536
 #: Round period of a fully idle engine (keeps stall reports flowing; costs ~nothing).
 _IDLE_PERIOD_S = 1.0
 #: A rank that others wait on while it computes takes part in a round this often (at most): their stall
@@ -97,6 +102,9 @@ class Engine:
         self.stopped = False
         #: Requests of this rank finished (ok or not) since start.
         self.completed = 0
+        #: (name#occurrence, when submitted) of the newest requests, read by the launcher's watch.
+        self.arrivals: collections.deque[tuple[str, float]] = collections.deque(maxlen=_ARRIVALS_KEPT)
+        self._submitted: dict[str, int] = {}
         self._round_lock = threading.Lock()
         self._drivers = 0
         # Owned by whichever thread drives the rounds: the pacing state.
@@ -184,6 +192,7 @@ class Engine:
                 raise
             handle.keepalive = keepalive
             active.update(meta.names)
+            self._note_arrival(meta.names[0] if meta.names else str(number))
             events = None
             if meta.device >= 0:
                 event = torch.cuda.Event()
@@ -420,6 +429,15 @@ class Engine:
                 self.controller.cache.evict_set(set_id)
             return removed
         return None
+
+    def _note_arrival(self, name: str) -> None:
+        """When this rank submitted ``name`` for its n-th time: the launcher's watch pairs these across
+        ranks to tell which rank the others wait for (ringtrain.watch.stragglers)."""
+        seen = self._submitted.get(name, 0) + 1
+        self._submitted[name] = seen
+        if len(self._submitted) > _ARRIVAL_NAMES_KEPT:
+            self._submitted.pop(next(iter(self._submitted)))
+        self.arrivals.append((f"{name}#{seen}", time.time()))
 
     def _complete(self, request: Request | None, error: str | None) -> None:
         if request is None:

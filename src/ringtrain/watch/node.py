@@ -16,7 +16,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,7 +176,10 @@ class NodeWatch:
         ranks = {view.rank for view in views}
         if len(ranks) > 1 and len(ranks) == len(live):
             for record in records:
-                pairs = [(int(seq), float(when)) for seq, when in record.get("arrivals") or ()]
+                pairs: list[tuple[Hashable, float]] = [
+                    (int(seq), float(when)) for seq, when in record.get("arrivals") or ()]
+                engine = record.get("engine") or {}
+                pairs += [(str(name), float(when)) for name, when in engine.get("arrivals") or ()]
                 self.arrivals.add(int(record["rank"]), pairs, ranks)
         return views
 

@@ -174,8 +174,12 @@ def engine_state() -> dict[str, Any] | None:
         pending = [key for _, key in list(engine.controller.pending)]
     except (RuntimeError, AttributeError):  # changed while read: the next record has it
         pending = []
+    try:
+        arrivals = list(getattr(engine, "arrivals", ()))
+    except RuntimeError:  # appended to while copied
+        arrivals = []
     return {"done": int(getattr(engine, "completed", 0)), "pending": pending[:8],
-            "pending_count": len(pending)}
+            "pending_count": len(pending), "arrivals": arrivals}
 
 
 class Probe:

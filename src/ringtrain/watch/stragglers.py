@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 #: Collectives of the rolling window a live verdict is drawn from, and the fewest it needs.
@@ -42,38 +42,41 @@ class Straggler:
 
 
 class Arrivals:
-    """Arrival times per collective, the rolling window of complete ones, and totals for the summary."""
+    """Arrival times per collective, the rolling window of complete ones, and totals for the summary.
+
+    A collective is named by anything the ranks agree on: its number in the default torch group, or
+    ``name#n`` for the n-th request of that name to the Horovod engine.
+    """
 
     def __init__(self, window: int = WINDOW) -> None:
-        self._pending: dict[int, dict[int, float]] = {}
+        self._pending: dict[Hashable, dict[int, float]] = {}
         self._window: deque[tuple[int, float]] = deque(maxlen=window)
         """(rank that arrived last, how late) of the newest complete collectives."""
-        self._done: set[int] = set()
-        self._newest_done = -1
+        self._done: set[Hashable] = set()
+        self._done_order: deque[Hashable] = deque()
         self.last_counts: dict[int, int] = {}
         self.late: dict[int, deque[float]] = {}
         self.complete = 0
 
-    def add(self, rank: int, arrivals: Iterable[tuple[int, float]], ranks: set[int]) -> None:
-        """Rank ``rank`` issued collective ``seq`` at time ``t`` (seconds) for each pair; ``ranks``: all
+    def add(self, rank: int, arrivals: Iterable[tuple[Hashable, float]], ranks: set[int]) -> None:
+        """Rank ``rank`` issued collective ``key`` at time ``t`` (seconds) for each pair; ``ranks``: all
         the node's ranks, whose arrivals make a collective complete."""
-        for seq, when in arrivals:
-            if seq <= self._newest_done - PENDING_LIMIT or seq in self._done:
+        for key, when in arrivals:
+            if key in self._done:
                 continue
-            times = self._pending.setdefault(seq, {})
+            times = self._pending.setdefault(key, {})
             times[rank] = when
             if ranks <= times.keys():
-                self._finish(seq, {r: times[r] for r in ranks})
-        if len(self._pending) > PENDING_LIMIT:
-            for seq in sorted(self._pending)[: len(self._pending) - PENDING_LIMIT]:
-                del self._pending[seq]
+                self._finish(key, {r: times[r] for r in ranks})
+        while len(self._pending) > PENDING_LIMIT:  # the oldest first: dicts keep their order
+            del self._pending[next(iter(self._pending))]
 
-    def _finish(self, seq: int, times: Mapping[int, float]) -> None:
-        del self._pending[seq]
-        self._done.add(seq)
-        self._newest_done = max(self._newest_done, seq)
-        if len(self._done) > 2 * PENDING_LIMIT:
-            self._done = {s for s in self._done if s > self._newest_done - PENDING_LIMIT}
+    def _finish(self, key: Hashable, times: Mapping[int, float]) -> None:
+        del self._pending[key]
+        self._done.add(key)
+        self._done_order.append(key)
+        while len(self._done_order) > PENDING_LIMIT:
+            self._done.discard(self._done_order.popleft())
         last = max(times, key=lambda r: times[r])
         others = [t for r, t in times.items() if r != last]
         late = times[last] - statistics.median(others)
