@@ -311,7 +311,8 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
         "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--like",
         "--save-every",
         "--save-every-steps", "--snapshot-dir", "--keep-last", "--no-resume", "--log-dir", "--results-json",
-        "--no-progress", "--max-restarts", "--min-np", "--max-np", "--host-discovery-script",
+        "--no-progress", "--max-restarts", "--hang-timeout", "--no-watch",
+        "--min-np", "--max-np", "--host-discovery-script",
         "--oversubscribe",
         "--signals-to-handle", "--ray",
         # torchrun's node flags, shared with ringtrain run (they read PET_* too)
@@ -341,3 +342,13 @@ def test_a_rank_refuses_ray_on_its_command_line(capsys, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     assert main(["train", "mnist", *QUICK, "--ray", "auto"]) == 2
     assert "--ray: this ringtrain train is a rank that a launcher started" in capsys.readouterr().err
+
+
+def test_hang_timeout_and_no_watch_reach_the_launcher(monkeypatch, tmp_path):
+    from ringtrain.launch import entry
+
+    seen = []
+    monkeypatch.setattr(entry, "launch", lambda config: seen.append(config) or 0)
+    assert main(["train", "synthetic", "-np", "2", "--epochs", "1", "--max-steps-per-epoch", "1",
+                 "--hang-timeout", "90", "--no-watch"]) == 0
+    assert (seen[0].hang_timeout, seen[0].watch) == (90.0, False)

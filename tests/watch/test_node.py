@@ -196,6 +196,7 @@ def test_a_bad_hang_timeout_names_the_value_and_the_fix(text):
 def test_settings_from_the_launcher_s_variables():
     assert WatchSettings.from_env({}) == WatchSettings(enabled=True, hang_timeout=None)
     assert WatchSettings.from_env({"RINGTRAIN_WATCH": "0"}).enabled is False
+    assert WatchSettings.from_env({"RINGTRAIN_NO_WATCH": "1"}).enabled is False  # as ringtrain train reads it
     assert WatchSettings.from_env({"RINGTRAIN_HANG_TIMEOUT": "45"}).hang_timeout == 45.0
     # Horovod's stall shutdown is the hang timeout of a watched job
     assert WatchSettings.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20"}).hang_timeout == 20.0

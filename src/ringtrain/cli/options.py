@@ -196,6 +196,16 @@ def non_negative(kind: type) -> Any:
     return at_least(kind, 0)
 
 
+def hang_seconds(text: str) -> float:
+    """``--hang-timeout``'s type: positive seconds, or argparse's error naming the value and the fix."""
+    from ringtrain.watch.node import parse_hang_timeout
+
+    try:
+        return parse_hang_timeout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--hang-timeout ")) from None
+
+
 def spellings(*names: str) -> list[str]:
     """The given option strings plus the snake_case spelling of every dashed long option."""
     out = list(names)

@@ -26,6 +26,7 @@ from ringtrain.cli.options import (
     EnvFlag,
     EnvOption,
     at_least,
+    hang_seconds,
     non_negative,
     record_sources,
     spellings,
@@ -254,16 +255,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="program to run: 'python train.py ...', 'train.py ...' or any executable")
     record_sources(parser)
-
-
-def hang_seconds(text: str) -> float:
-    """``--hang-timeout``'s type: positive seconds, or argparse's error naming the value and the fix."""
-    from ringtrain.watch.node import parse_hang_timeout
-
-    try:
-        return parse_hang_timeout(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--hang-timeout ")) from None
 
 
 def parse_cooldown_range(value: Any) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from ringtrain.cli.node_options import (
     node_settings,
     value_label,
 )
-from ringtrain.cli.options import EnvFlag, EnvOption, record_sources, spellings, value_source
+from ringtrain.cli.options import EnvFlag, EnvOption, hang_seconds, record_sources, spellings, value_source
 from ringtrain.cli.options import number as _float
 from ringtrain.cli.options import whole_number as _int
 from ringtrain.cli.usage import option_strings
@@ -42,6 +42,11 @@ def register(subparsers: Any) -> None:
                    type=_int, default="0",
                    help="restart every rank up to N times when one fails; training resumes from the last "
                         "snapshot (0)")
+    p.add_argument(*spellings("--hang-timeout"), dest="hang_timeout", action=EnvOption, type=hang_seconds,
+                   metavar="SECONDS", help="end a job whose ranks made no progress for this long, naming the "
+                   "rank the others wait for (600 s when that rank is not busy; docs/failures.md)")
+    p.add_argument(*spellings("--no-watch"), dest="no_watch", action=EnvFlag,
+                   help="do not watch the ranks for a stuck or slow rank")
     run = p.add_argument_group("training")
     run.add_argument("--epochs", type=_int, help="epochs in total (workload default)")
     run.add_argument(*spellings("--batch-size"), type=_int,
@@ -251,7 +256,8 @@ def run_train(args: argparse.Namespace) -> int:
                        download=args.download, cache_dir=args.cache_dir, subset=args.subset, like=args.like,
                        arch=args.arch, optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, results_json=args.results_json,
-                       max_restarts=args.max_restarts, min_np=args.min_np, max_np=args.max_np,
+                       max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
+                       watch=not args.no_watch, min_np=args.min_np, max_np=args.max_np,
                        host_discovery_script=args.host_discovery_script, node_launch=nodes, ray=ray)
         check_before_training(job, oversubscribe=bool(args.oversubscribe))
         return launch_job(job)

@@ -63,6 +63,10 @@ class TrainJob:
     """Rank 0 writes the per-epoch results here as JSON (a metric that was not measured is ``null``)."""
     max_restarts: int = 0
     """Restart every rank up to this many times when one fails (``ringtrain run --max-restarts``)."""
+    hang_timeout: float | None = None
+    """Seconds without progress that end a stuck job (``ringtrain run --hang-timeout``; None: its default)."""
+    watch: bool = True
+    """Watch the ranks for a stuck or slow rank (``ringtrain run --no-watch``: off)."""
     min_np: int | None = None
     """Elastic (with max_np / host_discovery_script): fewest workers to go on with."""
     max_np: int | None = None
@@ -473,7 +477,8 @@ def _launch(job: TrainJob) -> int:
         # torchrun's node settings: the plan spreads the ranks over the nodes, -np (when given) in all
         settings = {"num_proc": None if job.node_launch else job.nproc, **job.node_launch}
         config = LaunchConfig(command=command, max_restarts=job.max_restarts, min_np=job.min_np,
-                              max_np=job.max_np, host_discovery_script=job.host_discovery_script, **settings)
+                              max_np=job.max_np, host_discovery_script=job.host_discovery_script,
+                              hang_timeout=job.hang_timeout, watch=job.watch, **settings)
         if job.ray is not None:
             # each rank's share of its Ray node: the threads it will run (1 unless --threads says more)
             config = dataclasses.replace(config, ray=job.ray,

@@ -58,7 +58,8 @@ class WatchSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WatchSettings:
-        enabled = env.get(WATCH_VARIABLE, "1").strip().lower() not in ("0", "false", "off", "no")
+        enabled = env.get(WATCH_VARIABLE, "1").strip().lower() not in ("0", "false", "off", "no") and \
+            env.get("RINGTRAIN_NO_WATCH", "0").strip().lower() not in ("1", "true", "on", "yes")
         text = env.get(HANG_TIMEOUT_VARIABLE)
         if text:
             return cls(enabled=enabled, hang_timeout=parse_hang_timeout(text))
