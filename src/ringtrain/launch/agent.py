@@ -216,8 +216,9 @@ def _with_verdict(failures: list[RankFailure], verdict: Verdict) -> list[RankFai
 
 
 def _start_watch(run: _NodeRun, env: dict[str, str], say: Callable[[str], None]) -> NodeWatch | None:
-    """The watch of this node's ranks, when the whole job runs here and the launcher did not turn it off;
-    ``env`` (the workers' variables) gets what the ranks' probes need."""
+    """The watch of this node's ranks unless the launcher turned it off: it decides when the whole job
+    runs here, and sends what it sees to the driver of a multi-host job; ``env`` (the workers'
+    variables) gets what the ranks' probes need."""
     from ringtrain.watch.node import STALL_SHUTDOWN_VARIABLE, NodeWatch, WatchSettings
     from ringtrain.watch.probe import WATCH_DIR_VARIABLE
 
@@ -226,9 +227,16 @@ def _start_watch(run: _NodeRun, env: dict[str, str], say: Callable[[str], None])
     except ValueError as exc:
         say(f"ringtrain run: the watch is off: {exc}")
         return None
-    # Across nodes a rank's progress is compared with ranks this agent does not see: not yet watched.
-    if not settings.enabled or run.spec.max_nodes != 1:
+    if not settings.enabled:
         return None
+    relay = None
+    if run.spec.max_nodes != 1:
+        # Across nodes a rank's progress is compared with ranks this agent does not see: a multi-host
+        # driver decides over all of them (ringtrain.watch.job); without one (srun, torchrun's nodes)
+        # nobody does yet.
+        if not run.spec.failure_marker:
+            return None
+        relay = say  # marker lines on stderr, between whole lines of the ranks' output
     folder = Path(run.log_dir) / "watch"
     folder.mkdir(parents=True, exist_ok=True)
     env[WATCH_DIR_VARIABLE] = str(folder)
@@ -238,7 +246,7 @@ def _start_watch(run: _NodeRun, env: dict[str, str], say: Callable[[str], None])
         env["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES  # names the collective a stuck rank is in
     if settings.hang_timeout:
         env[STALL_SHUTDOWN_VARIABLE] = "0"  # the watch ends the job, naming the rank waited for
-    return NodeWatch(folder, run.host, run.ranks_now, say, settings).start()
+    return NodeWatch(folder, run.host, run.ranks_now, say, settings, relay=relay).start()
 
 
 def run_node(spec: NodeSpec, command: list[str]) -> int:
@@ -397,7 +405,37 @@ def _stopped_by_signal(run: _NodeRun, exc: BaseException) -> int:
             line = preempted_line(f"{len(codes)} rank(s)")
             print(f"ringtrain run: {line}", file=sys.stderr, flush=True)
         return PREEMPTED_EXIT
+    if run.spec.failure_marker and run.agents:
+        # The driver stopped this node because a rank elsewhere failed; a rank here that had already
+        # failed on its own (its error file written, its exit cut short by the stop) may be the cause.
+        own = [f for f in _own_errors(run) if f.message]
+        first = earliest(own)
+        if first is not None:
+            print(first.to_marker(), file=sys.stderr, flush=True)
     return 128 + int(exc.sigval)  # type: ignore[attr-defined]
+
+
+def _own_errors(run: _NodeRun) -> list[RankFailure]:
+    """This node's ranks that wrote an error file, as failure reports (timed by their own clock)."""
+    import json
+
+    found = []
+    for rank, local_rank, pid, path in run.agents[0].rank_errors():
+        try:
+            data = json.loads(Path(path).read_text()).get("message")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        extra = data.get("extraInfo") or {}
+        try:
+            when = float(extra.get("time", extra.get("timestamp", time.time())))
+        except (TypeError, ValueError):
+            when = time.time()
+        found.append(RankFailure(host=run.host, rank=rank, local_rank=local_rank, exitcode=-signal.SIGTERM,
+                                 pid=pid, time=when, message=str(data.get("message", "")),
+                                 traceback=str(extra.get("py_callstack", ""))))
+    return found
 
 
 def _interrupted(run: _NodeRun, exc: BaseException) -> int:

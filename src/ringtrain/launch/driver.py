@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ringtrain import __version__
 from ringtrain.engine.auth import ENV_SECRET
@@ -46,6 +47,9 @@ from ringtrain.launch.report import (
 )
 from ringtrain.launch.stopping import stopping_line
 from ringtrain.launch.worker_entry import is_python
+
+if TYPE_CHECKING:
+    from ringtrain.watch.job import JobWatch
 
 
 def check_command(command: Sequence[str], no_python: bool = False) -> None:
@@ -192,9 +196,11 @@ def _launch_node(config: LaunchConfig, plan: NodePlan, environ: Mapping[str, str
     if driven:
         peer_timeout = read_knob("peer_timeout_s", environ)
         # the driver's requests, its silence, or its end stop this node's ranks (see launch/link.py)
+        from ringtrain.watch.node import on_driver_request
+
         link.watch_driver(link.contact_timeout(peer_timeout, config.max_restarts),
                           spec.host or socket.gethostname(), ranks=lambda: link.live_children(os.getpid()),
-                          after_stop=link.exit_when_children_gone)
+                          after_stop=link.exit_when_children_gone, on_line=on_driver_request)
         link.beat_to_driver(link.beat_interval(peer_timeout, environ))
     return run_node(spec, list(config.command))
 
@@ -302,12 +308,35 @@ class HostsJob:
         #: asked anything of it, by node index.
         self.ended_early: dict[int, float] = {}
         self.signals = supervision.StopSignals()
+        self.job_watch = self._job_watch()
+
+    def _job_watch(self) -> JobWatch | None:
+        """The watch over every host's ranks (None: turned off); the agents send it what they see."""
+        from ringtrain.watch.job import JobWatch
+        from ringtrain.watch.node import WatchSettings
+
+        try:
+            settings = WatchSettings.from_env({**self.environ, **self.config.worker_env})
+        except ValueError:
+            return None  # the command line refused a bad value before; a bad variable: not watched
+        if not settings.enabled or not self.plan.num_proc:
+            return None
+        return JobWatch(self.plan.num_proc, say=lambda text: print(text, file=sys.stderr, flush=True),
+                        settings=settings, ask_for_stacks=self._ask_for_stacks)
+
+    def _ask_for_stacks(self, request: bytes) -> int:
+        from ringtrain.watch.node import STACKS_REQUEST_LINE
+
+        line = STACKS_REQUEST_LINE + b" " + request
+        return sum(1 for agent in self.agents if agent.request(line))
 
     def run(self) -> int:
         try:
             # a scheduler's warning (SIGUSR1) goes on to every host's agent, which passes it to its ranks
             with self.signals, forwarding(lambda signum: [a.forward_signal(signum) for a in self.agents]):
                 self.start_agents()
+                if self.job_watch is not None:
+                    self.job_watch.start()
                 if self.watch():
                     self.stop()
                 for agent in self.agents:
@@ -315,6 +344,8 @@ class HostsJob:
         finally:
             for agent in self.agents:
                 agent.kill()
+            if self.job_watch is not None:
+                self.job_watch.stop()
         return self.outcome()
 
     def start_agents(self) -> None:
@@ -340,7 +371,9 @@ class HostsJob:
             link.send_secret(agent.proc.stdin, secret)
 
     def _take_marker(self, line: str) -> bool:
-        """An agent's failure marker is the driver's to report, not the console's."""
+        """An agent's failure marker (or its watch's lines) is the driver's to report, not the console's."""
+        if self.job_watch is not None and self.job_watch.take(line.rstrip("\n")):
+            return True
         failure = RankFailure.from_marker(line.rstrip("\n"))
         if failure is None:
             return False
@@ -361,7 +394,8 @@ class HostsJob:
                     self.ended_early[k] = time.time()
                     lost_contact = True
                     agent.kill()  # its ssh waits on a dead connection: nothing more will come through it
-            if (self.signals.first is not None or self.failures or lost_contact
+            stuck = self.job_watch is not None and self.job_watch.verdict is not None
+            if (self.signals.first is not None or self.failures or lost_contact or stuck
                     or any(agent.poll() not in (None, 0) for agent in self.agents)):
                 return True
             time.sleep(supervision.TICK)
@@ -392,6 +426,12 @@ class HostsJob:
             say(preempted_line(f"the ranks of {len(self.failures)} host(s)"))
             return PREEMPTED_EXIT
         root = earliest([*self.failures, *lost])
+        verdict = self.job_watch.verdict if self.job_watch is not None else None
+        if verdict is not None:  # the watch stopped the job: its report is the root cause
+            root = RankFailure(host=verdict.host, rank=verdict.rank, local_rank=-1, exitcode=1,
+                               pid=verdict.pid, time=verdict.time, message=verdict.message,
+                               traceback=verdict.traceback, hint=verdict.hint,
+                               state="stuck, ended by the watch (every rank stopped)")
         if root is None:
             broken = [k for k, agent in enumerate(self.agents) if agent.poll() not in (0, None)]
             if not broken:

@@ -222,9 +222,10 @@ def beat_to_driver(interval: float) -> threading.Thread:
 
 
 def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[int]],
-                 after_stop: Callable[[], None], whose: str = "the ranks of this host") -> threading.Thread:
+                 after_stop: Callable[[], None], whose: str = "the ranks of this host",
+                 on_line: Callable[[bytes], object] | None = None) -> threading.Thread:
     """Stop when the driver asks or goes away; kill ``ranks()`` at once when it asks; send them a signal
-    when it asks (:data:`SIGNAL_REQUEST`).
+    when it asks (:data:`SIGNAL_REQUEST`); any other request line goes to ``on_line``.
 
     :data:`STOP_REQUEST` or end-of-file on stdin means SIGTERM to ourselves (torch's agent then stops
     its ranks; an elastic worker's own handlers run); :data:`KILL_REQUEST` means SIGKILL to every
@@ -258,6 +259,8 @@ def watch_driver(silence_s: float, host: str, *, ranks: Callable[[], Iterable[in
                     for line in lines:
                         if line.startswith(SIGNAL_REQUEST + b" "):
                             forward_request(line, ranks)
+                        elif on_line is not None and line and line not in (STOP_REQUEST, KILL_REQUEST):
+                            on_line(line)  # a request of the watch's (ringtrain.watch.node)
                     if STOP_REQUEST in lines and not stopping:
                         stopping = True
                         os.kill(os.getpid(), signal.SIGTERM)

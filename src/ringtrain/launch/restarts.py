@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,18 @@ class GroupAgent(LocalElasticAgent):
     def rank_pids(self) -> list[int]:
         """The pids of this node's ranks running now ([] before the first start)."""
         return list(self._pcontext.pids().values()) if self._pcontext is not None else []
+
+    def rank_errors(self) -> list[tuple[int, int, int, str]]:
+        """(global rank, local rank, pid, error file) of this node's ranks of the last start whose error
+        file exists: the ranks that failed on their own, whatever ended them after."""
+        if self._pcontext is None or self._worker_group is None:
+            return []
+        files = getattr(self._pcontext, "error_files", None) or {}
+        pids = self._pcontext.pids()
+        return [(worker.global_rank, worker.local_rank, pids.get(worker.local_rank, -1),
+                 files[worker.local_rank])
+                for worker in self._worker_group.workers
+                if worker.local_rank in files and os.path.isfile(files[worker.local_rank])]
 
     def rank_exit_codes(self) -> list[int | None]:
         """The exit codes of this node's ranks of the last start (None: still running; [] before the first

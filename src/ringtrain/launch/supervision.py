@@ -126,6 +126,11 @@ class RankGroup(ABC):
         cannot (the default)."""
         return False
 
+    def request(self, line: bytes) -> bool:
+        """Send one request line to the group's agent (the watch's ``stacks ID``); False where this place
+        cannot (the default) or the group has ended."""
+        return False
+
     def unreachable(self) -> bool:
         """The place could not be reached at all (nothing of the ranks ran), as far as its exit says."""
         return False
@@ -272,6 +277,9 @@ class ProcessGroup(RelayedGroup):
 
     def forward_signal(self, signum: int) -> bool:
         return self.proc.poll() is None and self.link.forward(signum)
+
+    def request(self, line: bytes) -> bool:
+        return self.proc.poll() is None and self.link.talks and self.link.request(line)
 
     def kill_ranks(self) -> None:
         if not self.link.kill():

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,11 @@ STALL_SHUTDOWN_VARIABLE = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 #: Flight-recorder entries kept per process group when the user did not choose: enough to name the
 #: newest collective, small enough to dump in well under a millisecond.
 FLIGHT_RECORDER_ENTRIES = "64"
+#: Marker lines an agent of a multi-host job writes for its driver (never shown on the console).
+WATCH_MARKER = "@@RINGTRAIN_WATCH@@ "
+STACKS_MARKER = "@@RINGTRAIN_STACKS@@ "
+#: The driver's request for stacks, on an agent's stdin (``stacks ID``).
+STACKS_REQUEST_LINE = b"stacks"
 #: Seconds between two lines about the same straggler.
 STRAGGLER_REPEAT_S = 600.0
 #: How long the watch waits for the ranks' stacks.
@@ -141,8 +146,13 @@ class NodeWatch:
                  say: Callable[[str], None], settings: WatchSettings,
                  end: Callable[[Sequence[int]], None] | None = None, *,
                  clock: Callable[[], float] = time.time, processes: ProcessReader | None = None,
-                 stacks_wait: float = STACKS_WAIT_S, stacks_dir: str | None = None) -> None:
+                 stacks_wait: float = STACKS_WAIT_S, stacks_dir: str | None = None,
+                 relay: Callable[[str], None] | None = None) -> None:
         self.folder, self.host, self.pids, self.say = Path(folder), host, pids, say
+        self.relay = relay
+        """Where an agent started by a multi-host driver sends its ranks' views (marker lines): that
+        driver's watch (:class:`ringtrain.watch.job.JobWatch`) decides over every host's ranks."""
+        self._sent: dict[int, set[Any]] = {}
         self.settings = settings
         self.end = end or kill_all
         self.clock = clock
@@ -153,6 +163,7 @@ class NodeWatch:
         self.verdict: Verdict | None = None
         self._told: float | None = None
         """``since`` of the stuck spell already reported (one report per spell)."""
+        self.pairs: dict[int, list[tuple[Hashable, float]]] = {}
         self._stacks: dict[int, str] = {}
         self._stacks_file: str | None = None
         self._requests = 0
@@ -174,15 +185,41 @@ class NodeWatch:
             state, cpu = self.processes.read(int(record["pid"]))
             views.append(RankView.from_record(record, self.host, state, cpu))
             records.append(record)
+        self.pairs = {int(record["rank"]): arrival_pairs(record) for record in records}
         ranks = {view.rank for view in views}
-        if len(ranks) > 1 and len(ranks) == len(live):
-            for record in records:
-                pairs: list[tuple[Hashable, float]] = [
-                    (int(seq), float(when)) for seq, when in record.get("arrivals") or ()]
-                engine = record.get("engine") or {}
-                pairs += [(str(name), float(when)) for name, when in engine.get("arrivals") or ()]
-                self.arrivals.add(int(record["rank"]), pairs, ranks)
+        if self.relay is None and len(ranks) > 1 and len(ranks) == len(live):
+            for rank, pairs in self.pairs.items():
+                self.arrivals.add(rank, pairs, ranks)
         return views
+
+    def send_views(self, views: Sequence[RankView]) -> None:
+        """One marker line for the driver: this host's ranks, with how long each has made no progress
+        (hosts' clocks differ; a span does not) and the arrivals not sent before."""
+        now = self.clock()
+        arrivals = {}
+        for rank, pairs in self.pairs.items():
+            sent = self._sent.setdefault(rank, set())
+            new = [pair for pair in pairs if pair[0] not in sent]
+            sent.update(key for key, _ in new)
+            if len(sent) > 4 * 256:  # keys of long ago: no record carries them again
+                self._sent[rank] = {key for key, _ in pairs}
+            arrivals[rank] = new
+        body = {"host": self.host, "views": [{**asdict(v), "quiet": now - v.progress_time} for v in views],
+                "arrivals": arrivals}
+        self.relay(WATCH_MARKER + json.dumps(body))  # type: ignore[misc]
+
+    def answer_stacks(self, request: str) -> None:
+        """The driver asked for stacks: take them here and send where they are, with each rank's main
+        thread (the driver's report quotes the rank it names)."""
+        views = self.views()
+        path = self.collect_stacks(views)
+        body = {"id": request, "host": self.host, "file": path, "main": self._stacks,
+                "conditions": {v.rank: v.condition() for v in views}}
+        if self.relay is not None:
+            self.relay(STACKS_MARKER + json.dumps(body))
+
+    def host_of(self, rank: int) -> str:
+        return self.host
 
     def check_stragglers(self, now: float) -> None:
         """Say so when one rank keeps the others waiting: once, again if another rank takes its place,
@@ -194,16 +231,19 @@ class NodeWatch:
         if told is None or told[0] != found.rank or now - told[1] >= STRAGGLER_REPEAT_S:
             self._straggler_told = (found.rank, now)
             self.said_straggler = True
-            self.say(f"ringtrain run: {found.line(self.host)}")
+            self.say(f"ringtrain run: {found.line(self.host_of(found.rank))}")
 
     def final_summary(self) -> str | None:
         """The run's straggler line for its end (None when no rank kept the others waiting)."""
         found = self.arrivals.summary() if self.said_straggler else None
-        return f"ringtrain run: over the whole run, {found.line(self.host)}" if found else None
+        return f"ringtrain run: over the whole run, {found.line(self.host_of(found.rank))}" if found else None
 
     def look(self) -> Stuck | None:
         """Read the records, and report or end a stuck job; returns the diagnosis (None: not stuck)."""
         views = self.views()
+        if self.relay is not None:
+            self.send_views(views)
+            return None
         if not views or self.verdict is not None:
             return None
         for view in views:
@@ -240,7 +280,7 @@ class NodeWatch:
         first = targets[0]
         hint = (f"every rank's stacks are in {self._stacks_file}. " if self._stacks_file else "") + \
             "A rank that is slow on purpose needs a longer --hang-timeout."
-        self.verdict = Verdict(rank=first.rank, pid=first.pid, host=self.host, time=now,
+        self.verdict = Verdict(rank=first.rank, pid=first.pid, host=first.host, time=now,
                                message=f"{summary(stuck)} (no progress for {now - stuck.since:.0f} s: "
                                        f"ended by the hang timeout, {self.settings.timeout():g} s)",
                                traceback=self._stacks.get(first.rank, ""), hint=hint)
@@ -279,7 +319,7 @@ class NodeWatch:
                        f"it did not answer within {self.stacks_wait:g} s (its interpreter lock is held, "
                        "e.g. by native code that does not release it)")
                 text = f"(no stack: {why})\n"
-            parts.append(f"=== rank {view.rank} on {self.host} (pid {view.pid}), {view.condition()}\n{text}")
+            parts.append(f"=== rank {view.rank} on {view.host} (pid {view.pid}), {view.condition()}\n{text}")
         name = f"ringtrain-stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self._requests}.txt"
         path = os.path.join(self.stacks_dir, name)
         try:
@@ -292,6 +332,10 @@ class NodeWatch:
     # --- the thread ---------------------------------------------------------------------------
 
     def start(self, interval: float = 1.0) -> NodeWatch:
+        global _active
+        if self.relay is not None:
+            _active = self  # the driver's requests for stacks reach it (on_driver_request)
+
         def loop() -> None:
             while not self._stop.wait(interval):
                 try:
@@ -320,10 +364,36 @@ class NodeWatch:
         return verdict
 
 
+def arrival_pairs(record: Mapping[str, Any]) -> list[tuple[Hashable, float]]:
+    """A record's arrivals: torch's collective numbers and the Horovod engine's ``name#n``."""
+    pairs: list[tuple[Hashable, float]] = [
+        (int(seq), float(when)) for seq, when in record.get("arrivals") or ()]
+    engine = record.get("engine") or {}
+    pairs += [(str(name), float(when)) for name, when in engine.get("arrivals") or ()]
+    return pairs
+
+
 def _main_thread(stacks: str) -> str:
     """The main thread's part of a rank's stacks answer."""
     part = stacks.split("\nThread ", 1)[0]
     return part.split("\n", 1)[1] if part.startswith("Thread ") else part
+
+
+#: The watch of this agent's ranks that relays to a driver: requests on the link reach it.
+_active: NodeWatch | None = None
+
+
+def on_driver_request(line: bytes) -> bool:
+    """``stacks ID`` from the driver: this agent's watch answers on a thread of its own (the link's
+    reader must not wait for the ranks). Returns whether the line was the watch's."""
+    if not line.startswith(STACKS_REQUEST_LINE + b" "):
+        return False
+    watch = _active
+    if watch is not None:
+        request = line[len(STACKS_REQUEST_LINE) + 1:].decode(errors="replace").strip()
+        threading.Thread(target=watch.answer_stacks, args=(request,), name="ringtrain-stacks",
+                         daemon=True).start()
+    return True
 
 
 def kill_all(pids: Sequence[int]) -> None:

@@ -190,6 +190,9 @@ class BridgedRayGroup(RayGroup):
     def forward_signal(self, signum: int) -> bool:
         return self._code is None and self.link.forward(signum)
 
+    def request(self, line: bytes) -> bool:
+        return self._code is None and self.link.request(line)
+
     def kill_ranks(self) -> None:
         if self._code is None:
             self.link.kill()
