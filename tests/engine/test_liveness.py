@@ -78,6 +78,7 @@ def test_a_silent_peer_is_declared_failed_by_every_other_rank_naming_it():
             b.stop()
 
 
+@pytest.mark.slow  # peers beat through seconds of busy work (5.5 s): outside the contributor's 4-minute lane
 def test_a_goodbye_is_not_a_failure_and_busy_peers_keep_beating():
     reports = _Reports(2)
     beats = _start(2, 1.0, reports)

@@ -47,6 +47,7 @@ def _stall_warning() -> list[str]:
     return collect.messages
 
 
+@pytest.mark.slow  # two ranks wait out the check time twice (7 s): outside the contributor's 4-minute lane
 def test_stall_warning_names_missing_ranks_and_tensors(ranks2):
     warnings, quiet = ranks2.run(_stall_warning)
     assert quiet == [], "only rank 0 reports stalls"

@@ -280,6 +280,7 @@ def test_gloo_alone_pairs_a_stranger_with_a_rank():
     assert all(isinstance(g, dist.ProcessGroupGloo) for g in results.values()), results
 
 
+@pytest.mark.slow  # two ranks and a stranger through gloo timeouts (5 s): outside the 4-minute lane
 def test_a_gloo_connection_taken_by_a_stranger_fails_the_check_on_both_ranks():
     results = _hijacked_pair(secret="t" * 64)
     assert sorted(results) == [0, 1]

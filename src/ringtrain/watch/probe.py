@@ -146,16 +146,28 @@ class TorchGroup:
             entries = json.loads(self._dump(includeCollectives=True, onlyActive=False)).get("entries", [])
         except Exception:  # noqa: BLE001 - no recorder for this group or backend
             return None
-        return [e for e in entries if str(e.get("pg_id", "0")) == "0" and not e.get("is_p2p")]
+        try:
+            name = str(sys.modules["torch.distributed"].distributed_c10d._get_default_group().group_name)
+        except Exception:  # noqa: BLE001 - the group went away meanwhile
+            return None
+        # The recorder is shared by every group this process ever had: the default group's entries
+        # are those of its name with the newest group id (a group made again after a destroy has a
+        # new id and counts its collectives from 1 again).
+        ours = [e for e in entries if (e.get("process_group") or [None])[0] == name and not e.get("is_p2p")]
+        newest = max((int(e.get("pg_id", 0)) for e in ours), default=0)
+        return [e for e in ours if int(e.get("pg_id", 0)) == newest]
 
     @staticmethod
     def newest(entries: list[dict[str, Any]], sequence: int) -> dict[str, Any] | None:
         """Collective ``sequence``'s name and sizes among ``entries``."""
-        for entry in reversed(entries):
-            if entry.get("collective_seq_id") == sequence:
-                name = str(entry.get("profiling_name", "")).rpartition(":")[2] or "collective"
-                return {"op": name, "sizes": entry.get("input_sizes")}
-        return None
+        # the newest match: the recorder is a ring shared by every group this process ever had, so an
+        # earlier group (destroyed, then made again) may have left an entry under the same number
+        matches = [e for e in entries if e.get("collective_seq_id") == sequence]
+        if not matches:
+            return None
+        entry = max(matches, key=lambda e: (int(e.get("time_created_ns") or 0), int(e.get("record_id") or 0)))
+        name = str(entry.get("profiling_name", "")).rpartition(":")[2] or "collective"
+        return {"op": name, "sizes": entry.get("input_sizes")}
 
     @staticmethod
     def arrivals(entries: list[dict[str, Any]]) -> list[tuple[int, float]]:
