@@ -291,3 +291,13 @@ def test_the_rank_that_raised_is_the_root_cause_though_it_was_stopped_while_exit
         assert "[1] RuntimeError: boom at step 5 (traceback in the launcher's failure report)" in err, where
         assert (f"[0] {SHUT_DOWN} (because another rank failed or stopped first; see the launcher's "
                 "report)") in err, where
+
+
+def test_a_rank_its_agent_stopped_is_not_counted_as_failed_after_the_root():
+    root = failure(0, 1.0, exitcode=2, message="SnapshotError: No space left on device (ENOSPC)")
+    stopped = failure(1, 2.0, exitcode=-signal.SIGTERM)  # no error of its own
+    text = format_report(root, 2, others=[root, stopped])
+    assert "(every other rank was stopped.)" in text
+    assert "other rank(s) failed after it" not in text
+    failed = failure(1, 2.0, exitcode=1, message="RankFailedError: rank 0 failed")
+    assert "(1 other rank(s) failed after it;" in format_report(root, 2, others=[root, failed])

@@ -185,8 +185,11 @@ def format_report(root: RankFailure, total_failed: int = 1, world_size: int | No
     told = [other for other in others
             if other is not root and other.message and other.message != root.message]
     lines.extend(f"  also       : {describe(other)}" for other in told)
-    if total_failed > 1:
-        lines.append(f"  ({total_failed - 1} other rank(s) failed after it; every other rank was stopped.)")
+    # a rank its agent stopped (SIGTERM, no error of its own) did not fail: it was stopped
+    stopped = sum(1 for other in others if other is not root and stopped_by_its_agent(other))
+    failed_after = total_failed - 1 - stopped
+    if failed_after > 0:
+        lines.append(f"  ({failed_after} other rank(s) failed after it; every other rank was stopped.)")
     else:
         lines.append("  (every other rank was stopped.)")
     return "\n".join(lines)
