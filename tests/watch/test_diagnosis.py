@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from ringtrain.watch.diagnosis import (
@@ -147,3 +149,14 @@ def test_the_warning_time_follows_the_job_s_pauses_within_its_bounds():
     assert pace.seconds(hang_timeout=8.0) == 8.0  # never after the hang timeout
     pace.saw_progress(50.0)  # an older record read late changes nothing
     assert pace.longest == 93.5
+
+
+def test_a_rank_waiting_on_its_own_lock_is_not_inside_a_collective():
+    """The same count on both ranks, one blocked on a threading lock, the other's newer collective not
+    heard yet: not 'every rank inside one collective', which would end the job naming the wrong rank."""
+    record = {"rank": 1, "pid": 7, "progress_time": 1.0, "sequence": 7,
+              "innermost": [threading.__file__, 320, "wait"], "where": ["train.py", 23, "get_stuck"]}
+    assert RankView.from_record(record, "hostB").in_library is False
+    graph = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+    torch_frame = {**record, "innermost": [graph, 9, "x"]}
+    assert RankView.from_record(torch_frame, "hostA").in_library is True

@@ -119,6 +119,8 @@ def test_by_default_a_busy_rank_is_not_ended_but_a_blocked_one_is(setup):
     assert "the job goes on" in said[0]
     blocked = make()
     blocked.look()
+    assert ended == [], "two looks in a row must agree before the job ends"
+    blocked.look()
     assert ended == [[101]]
 
 
@@ -128,6 +130,7 @@ def test_an_explicit_hang_timeout_ends_a_busy_rank_too(setup):
     write(folder, 0, 1000.0, 12)
     write(folder, 1, 1000.0, 11)
     clock.now = 1031.0
+    watch.look()
     watch.look()
     assert ended == [[101]]
 
@@ -232,3 +235,18 @@ def test_the_horovod_engine_s_requests_tell_the_straggler_by_name_and_occurrence
     watch.look()
     assert said == ["ringtrain run: rank 1 on node1 is the slowest: it arrives last at 100 % of 60 "
                     "collectives, 30 ms after the others (median)"]
+
+
+def test_the_job_ends_only_on_a_diagnosis_two_looks_in_a_row_agree_on(setup):
+    folder, clock, said, ended, make = setup
+    watch = make(WatchSettings(hang_timeout=10.0))
+    write(folder, 0, 1000.0, 12)
+    write(folder, 1, 1000.0, 11)
+    clock.now = 1020.0
+    watch.look()  # rank 1 waited for
+    write(folder, 0, 1000.0, 12)
+    write(folder, 1, 1000.0, 13)  # a newer record: now rank 0 is behind
+    watch.look()
+    assert ended == []
+    watch.look()
+    assert ended == [[100]]

@@ -51,7 +51,7 @@ class RankView:
     @classmethod
     def from_record(cls, record: dict[str, Any], host: str, process: str = "running",
                     cpu: float | None = None) -> RankView:
-        from ringtrain.watch.probe import is_users
+        from ringtrain.watch.probe import is_library
 
         engine = record.get("engine")
         inner = record.get("innermost") or None
@@ -61,7 +61,7 @@ class RankView:
                    collective=record.get("collective"),
                    engine_pending=tuple(engine.get("pending", ())) if engine else None,
                    where=(str(where[0]), int(where[1]), str(where[2])) if where else None,
-                   in_library=inner is not None and not is_users(inner[0]), process=process, cpu=cpu)
+                   in_library=inner is not None and is_library(inner[0]), process=process, cpu=cpu)
 
     def condition(self) -> str:
         """``stopped (SIGSTOP)``, ``busy (95 % of a core)``, ``blocked (no CPU use)``..."""

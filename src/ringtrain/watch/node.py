@@ -164,6 +164,7 @@ class NodeWatch:
         self._told: float | None = None
         """``since`` of the stuck spell already reported (one report per spell)."""
         self.pairs: dict[int, list[tuple[Hashable, float]]] = {}
+        self._last_diagnosis: tuple[str, tuple[int, ...]] | None = None
         self._stacks: dict[int, str] = {}
         self._stacks_file: str | None = None
         self._requests = 0
@@ -252,6 +253,7 @@ class NodeWatch:
         self.check_stragglers(now)
         stuck = diagnose(views, now, self.pace.seconds(self.settings.hang_timeout))
         if stuck is None:
+            self._last_diagnosis = None
             if self._told is not None and max(v.progress_time for v in views) > self._told:
                 self.say(f"ringtrain run: the job makes progress again after "
                          f"{max(v.progress_time for v in views) - self._told:.0f} s without")
@@ -261,7 +263,12 @@ class NodeWatch:
             self._told = stuck.since
             self._stacks_file = self.collect_stacks(views)
             self.say(format_stuck(stuck, now, self._stacks_file, self._ending(stuck)))
-        if now - stuck.since >= self.settings.timeout() and (self.settings.hang_timeout or not stuck.busy()):
+        # ended only on a diagnosis two looks in a row agree on: one look may see a host's newest
+        # line late, and the job must not end naming the wrong rank
+        agreed = self._last_diagnosis == (stuck.kind, tuple(v.rank for v in stuck.culprits))
+        self._last_diagnosis = (stuck.kind, tuple(v.rank for v in stuck.culprits))
+        if agreed and now - stuck.since >= self.settings.timeout() and \
+                (self.settings.hang_timeout or not stuck.busy()):
             self._end(stuck, views, now)
         return stuck
 

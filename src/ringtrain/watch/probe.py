@@ -63,6 +63,12 @@ def is_users(filename: str) -> bool:
     return not normal.startswith(_LIBRARY_ROOTS) or "site-packages" in normal
 
 
+def is_library(filename: str) -> bool:
+    """Whether a frame of this file is inside torch, ringtrain or Horovod (a collective, backward): not
+    the standard library, whose waits (a lock, a sleep) are the script's own."""
+    return any(part in filename for part in _HIDDEN_PARTS[:3])
+
+
 def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost frame of the user's code in ``frame``'s stack."""
     while frame is not None:
