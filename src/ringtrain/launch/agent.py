@@ -153,16 +153,19 @@ def _tail(path: str | None, lines: int = 20) -> str:
         return ""
 
 
+def _error_of(message_data: object, when: float) -> tuple[str, str, float]:
+    """(message, traceback, time) of a rank's error file's ``message`` field, in the agent's layout (a
+    dict where the worker wrote the file: worker_entry, or torch's @record); ``when`` where it has none."""
+    if not isinstance(message_data, dict):
+        return "", "", when
+    extra = message_data.get("extraInfo") or {}
+    with contextlib.suppress(TypeError, ValueError):
+        when = float(extra.get("time", extra.get("timestamp", when)))
+    return str(message_data.get("message", "")), str(extra.get("py_callstack", "")), when
+
+
 def _failure_from(rank: int, failure: ProcessFailure, host: str, stderr_path: str | None) -> RankFailure:
-    message_data = failure.error_file_data.get("message")
-    message, trace, when = "", "", float(failure.timestamp)
-    # A dict when the worker wrote the error file (worker_entry, or torch's @record); else no file.
-    if isinstance(message_data, dict):
-        message = str(message_data.get("message", ""))
-        extra = message_data.get("extraInfo") or {}
-        trace = str(extra.get("py_callstack", ""))
-        with contextlib.suppress(TypeError, ValueError):
-            when = float(extra.get("time", extra.get("timestamp", when)))
+    message, trace, when = _error_of(failure.error_file_data.get("message"), float(failure.timestamp))
     found = RankFailure(host=host, rank=rank, local_rank=failure.local_rank, exitcode=failure.exitcode,
                         pid=failure.pid, time=when, message=message, traceback=trace,
                         output_tail="" if trace else _tail(stderr_path))
@@ -427,14 +430,9 @@ def _own_errors(run: _NodeRun) -> list[RankFailure]:
             continue
         if not isinstance(data, dict):
             continue
-        extra = data.get("extraInfo") or {}
-        try:
-            when = float(extra.get("time", extra.get("timestamp", time.time())))
-        except (TypeError, ValueError):
-            when = time.time()
+        message, trace, when = _error_of(data, time.time())
         found.append(RankFailure(host=run.host, rank=rank, local_rank=local_rank, exitcode=-signal.SIGTERM,
-                                 pid=pid, time=when, message=str(data.get("message", "")),
-                                 traceback=str(extra.get("py_callstack", ""))))
+                                 pid=pid, time=when, message=message, traceback=trace))
     return found
 
 

@@ -127,11 +127,4 @@ class JobWatch(NodeWatch):
                 text = self._stacks.get(view.rank, "(no stack)\n")
                 parts.append(f"--- rank {view.rank} (pid {view.pid}), {view.condition()}, main thread:\n"
                              f"{text}")
-        name = f"ringtrain-stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self._requests}.txt"
-        path = os.path.join(self.stacks_dir, name)
-        try:
-            with open(path, "w") as fp:
-                fp.write("\n".join(parts))
-        except OSError:
-            return None
-        return path
+        return self.write_stacks(parts)

@@ -327,6 +327,10 @@ class NodeWatch:
                        "e.g. by native code that does not release it)")
                 text = f"(no stack: {why})\n"
             parts.append(f"=== rank {view.rank} on {view.host} (pid {view.pid}), {view.condition()}\n{text}")
+        return self.write_stacks(parts)
+
+    def write_stacks(self, parts: Sequence[str]) -> str | None:
+        """The stacks file of this request, under ``stacks_dir``: its path (None: it could not be written)."""
         name = f"ringtrain-stacks-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self._requests}.txt"
         path = os.path.join(self.stacks_dir, name)
         try:
