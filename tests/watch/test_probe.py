@@ -102,3 +102,42 @@ def test_a_stack_starts_at_the_user_s_script_not_at_the_rank_s_entry_point():
     ])
     kept = [f.filename for f in probe._without_launcher(frames)]
     assert kept == ["train.py", "/x/torch/optim/optimizer.py"]
+
+
+def test_the_probe_is_stopped_and_joined_when_the_interpreter_exits(tmp_path, monkeypatch):
+    registered = []
+    monkeypatch.setattr(probe.atexit, "register", lambda fn, *args: registered.append((fn, args)))
+    p = probe.start({"RANK": "0", probe.WATCH_DIR_VARIABLE: str(tmp_path)}, interval=0.001)
+    assert p is not None
+    [(callback, (thread,))] = registered
+    assert thread.name == probe.PROBE_THREAD
+    assert thread.is_alive()
+    callback(thread)
+    assert not thread.is_alive()
+
+
+@pytest.mark.slow
+def test_a_rank_whose_probe_is_inside_torch_when_the_script_ends_exits_cleanly(tmp_path):
+    # The probe's reading of the group's counter made to last (many calls of the binding, each of which
+    # releases the GIL), so that the script ends while the probe is inside torch: without the join at
+    # exit the daemon thread comes back into the finalizing interpreter and the process aborts
+    # ("terminate called without an active exception") nearly every time.
+    import subprocess
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from ringtrain.watch import probe\n"
+        "sequence = probe.TorchGroup.sequence\n"
+        "def slow_sequence(self):\n"
+        "    for _ in range(2000):\n"
+        "        sequence(self)\n"
+        "    return sequence(self)\n"
+        "probe.TorchGroup.sequence = slow_sequence\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        f"assert probe.start({{'RANK': '0', probe.WATCH_DIR_VARIABLE: {str(tmp_path)!r}}}, interval=0)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+        "print('done')\n")
+    for _ in range(3):
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert (result.returncode, result.stdout.strip()) == (0, "done"), result.stderr

@@ -11,11 +11,16 @@ It reads counters that already exist and copies nothing big:
 
 Each record replaces the last one through a temporary file and a rename, so the agent never reads
 half a record. On request (a ``stacks`` file naming a request number) the thread writes every
-thread's stack once. The thread is a daemon, never raises, and stops with the process.
+thread's stack once. The thread is a daemon and never raises. It is stopped and joined when the
+interpreter exits (an ``atexit`` callback): torch's bindings release the GIL, and a daemon thread that
+comes back into a finalizing interpreter from one of them is unwound through C++ code that may not
+be unwound, which aborts the whole process ("terminate called without an active exception") after
+the script has finished well.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -39,6 +44,8 @@ PROBE_THREAD = "ringtrain-watch"
 ARRIVALS_KEPT = 256
 #: The agent's request for stacks: a file holding a request number.
 STACKS_REQUEST = "stacks.request"
+#: How long the interpreter's exit waits for the probe to finish the record it is writing.
+JOIN_TIMEOUT_S = 5.0
 
 _LIBRARY_ROOTS = tuple(
     os.path.normpath(p) + os.sep
@@ -263,14 +270,23 @@ class Probe:
     def stop(self) -> None:
         self._stop.set()
 
+    def stop_and_join(self, thread: threading.Thread, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Stop the probe and wait until ``thread`` (running :meth:`run`) is out of every torch call."""
+        self.stop()
+        if thread is not threading.current_thread():
+            thread.join(timeout)
 
-def start(environ: Mapping[str, str] | None = None) -> Probe | None:
+
+def start(environ: Mapping[str, str] | None = None, interval: float = INTERVAL_S) -> Probe | None:
     """Start this rank's probe when its agent asked for one (``RINGTRAIN_WATCH_DIR``)."""
     environ = os.environ if environ is None else environ
     folder = environ.get(WATCH_DIR_VARIABLE)
     rank = environ.get("RANK")
     if not folder or rank is None or not os.path.isdir(folder):
         return None
-    probe = Probe(folder, int(rank))
-    threading.Thread(target=probe.run, name=PROBE_THREAD, daemon=True).start()
+    probe = Probe(folder, int(rank), interval)
+    thread = threading.Thread(target=probe.run, name=PROBE_THREAD, daemon=True)
+    thread.start()
+    # before the interpreter finalizes: see the module's docstring
+    atexit.register(probe.stop_and_join, thread)
     return probe
