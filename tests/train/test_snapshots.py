@@ -349,3 +349,71 @@ def test_a_full_disk_is_reported_as_enospc_not_as_torchs_writer_position(tmp_pat
         manager.save({"model": {"w": torch.rand(10_000)}}, step=3)
     monkeypatch.undo()
     assert not list(tmp_path.iterdir())  # nothing half-written is left
+
+
+# --- parts: what each rank keeps of its own, committed with the snapshot ----------------------------
+
+
+def _with_parts(manager: SnapshotManager, step: int, ranks: int = 2) -> Path:
+    records = [manager.save_part({"errors": torch.full((3,), float(rank + step))}, step, rank)
+               for rank in range(ranks)]
+    return manager.save({"model": {"w": torch.ones(2)}, "step": step}, step, parts=records)
+
+
+def test_each_rank_reads_its_own_part_of_a_committed_snapshot(tmp_path):
+    manager = SnapshotManager(tmp_path)
+    path = _with_parts(manager, 5)
+    assert manager.verify(path)
+    assert manager.load(path)["parts"] == 2
+    assert [r["file"] for r in manager.part_records(path)] == ["snapshot-000000005.rank-00000.pt",
+                                                               "snapshot-000000005.rank-00001.pt"]
+    for rank in (0, 1):
+        assert torch.equal(manager.load_part(path, rank)["errors"], torch.full((3,), 5.0 + rank))
+    with pytest.raises(SnapshotError, match="has no part for rank 2"):
+        manager.load_part(path, 2)
+
+
+def test_a_snapshot_missing_a_part_is_skipped_for_an_older_complete_one(tmp_path):
+    manager = SnapshotManager(tmp_path)
+    _with_parts(manager, 1)
+    newer = _with_parts(manager, 2)
+    (tmp_path / "snapshot-000000002.rank-00001.pt").unlink()
+    path, body, skipped = manager.load_newest()
+    assert path == tmp_path / snapshot_name(1)
+    assert body["step"] == 1
+    assert skipped == [f"{newer} is incomplete: its part snapshot-000000002.rank-00001.pt is missing."]
+
+
+def test_a_part_changed_on_disk_is_refused_by_the_rank_that_reads_it(tmp_path):
+    manager = SnapshotManager(tmp_path)
+    path = _with_parts(manager, 3)
+    part = tmp_path / "snapshot-000000003.rank-00000.pt"
+    data = bytearray(part.read_bytes())
+    data[-30] ^= 0xFF  # the same size: only the hash tells
+    part.write_bytes(bytes(data))
+    assert manager.verify(path)  # sizes match: each rank hashes the parts it reads, not every part
+    with pytest.raises(DamagedSnapshotError, match="part snapshot-000000003.rank-00000.pt changed on disk"):
+        manager.load_part(path, 0)
+    assert manager.load_part(path, 1)["rank"] == 1
+
+
+def test_parts_go_with_their_snapshot_when_it_is_pruned_and_orphans_are_removed(tmp_path):
+    manager = SnapshotManager(tmp_path, keep_last=1)
+    _with_parts(manager, 1)
+    _with_parts(manager, 2)  # prunes step 1, its parts included
+    # a writer that died after the parts of step 3, before its commit
+    manager.save_part({"errors": torch.zeros(1)}, 3, 0)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["snapshot-000000002.json", "snapshot-000000002.pt", "snapshot-000000002.rank-00000.pt",
+                     "snapshot-000000002.rank-00001.pt", "snapshot-000000003.rank-00000.pt"]
+    assert manager.list() == [tmp_path / snapshot_name(2)]  # a part is never listed as a snapshot
+    manager.remove_stale_temporaries()
+    assert not (tmp_path / "snapshot-000000003.rank-00000.pt").exists()
+    assert (tmp_path / "snapshot-000000002.rank-00001.pt").exists()
+
+
+def test_a_part_that_cannot_be_written_names_the_rank_and_the_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(SnapshotError, match=r"rank 1 cannot write its part .*000000004.rank-00001.pt"):
+        SnapshotManager(blocker / "snaps").save_part({"x": torch.zeros(1)}, 4, 1)

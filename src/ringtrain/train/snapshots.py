@@ -8,6 +8,13 @@ folder fsynced. The rename is the commit: a reader sees either the previous comp
 snapshots or the new one, never a half-written snapshot, and every committed snapshot has its
 checksum, even if the writer is killed at any point.
 
+State that differs from rank to rank (PowerSGD's error feedback, Local SGD's parameters between two
+averagings) goes into one *part* per rank, ``snapshot-<step>.rank-<r>.pt``, which each rank writes,
+fsyncs and hashes itself before rank 0 writes the snapshot; the snapshot's checksum file lists every
+part with its size and SHA-256, so the commit covers them: a part of a snapshot that was never
+committed is never read (and is removed as a leftover), and a committed snapshot whose part is
+missing or short is skipped like a damaged one.
+
 Loading checks the size and the SHA-256 before anything is unpickled, so a snapshot damaged on disk
 (a flipped block, a truncated copy) is reported as :class:`DamagedSnapshotError` instead of resuming
 silently with corrupted weights or optimizer state; :meth:`SnapshotManager.load_newest` then takes the
@@ -43,6 +50,7 @@ FORMAT = "ringtrain-snapshot-1"
 CHECKSUM_FORMAT = "ringtrain-snapshot-checksum-1"
 _NAME = re.compile(r"^snapshot-(\d{9,})\.pt$")
 _CHECKSUM_NAME = re.compile(r"^snapshot-(\d{9,})\.json$")
+_PART_NAME = re.compile(r"^snapshot-(\d{9,})\.rank-(\d{5,})\.pt$")
 _TEMP_PREFIX = ".snapshot-"
 _HASH_CHUNK = 4 * 1024 * 1024
 
@@ -63,6 +71,16 @@ def snapshot_name(step: int) -> str:
 def checksum_path(path: Path) -> Path:
     """The checksum file of the snapshot ``path``."""
     return path.with_suffix(".json")
+
+
+def part_name(step: int, rank: int) -> str:
+    """The file name of rank ``rank``'s part of the snapshot taken after step ``step``."""
+    return f"snapshot-{step:09d}.rank-{rank:05d}.pt"
+
+
+def part_record(path: Path) -> dict[str, Any]:
+    """What the checksum file of a snapshot lists for one part written at ``path``: name, size, SHA-256."""
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def file_sha256(path: Path) -> str:
@@ -128,19 +146,24 @@ class SnapshotManager:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def save(self, payload: Mapping[str, Any], step: int) -> Path:
+    def save(self, payload: Mapping[str, Any], step: int,
+             parts: builtins.list[dict[str, Any]] | None = None) -> Path:
         """Write ``payload`` as the snapshot of ``step`` atomically, prune old ones; returns its path.
 
-        A folder that cannot take it (full, read-only, gone) raises :class:`SnapshotError` naming it;
-        the snapshots already there are left as they were.
+        ``parts``: the records (:func:`part_record`) of the ranks' parts, in rank order, already written
+        with :meth:`save_part`; the checksum file lists them, so the snapshot commits them too. A folder
+        that cannot take it (full, read-only, gone) raises :class:`SnapshotError` naming it; the
+        snapshots already there are left as they were.
         """
         final = self.folder / snapshot_name(step)
         body = {"format": FORMAT, **payload}
+        if parts:
+            body["parts"] = len(parts)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             temp = self._write_temp(body, final)
             try:
-                self._write_checksum(temp, final)
+                self._write_checksum(temp, final, parts)
                 self._commit(temp, final)
             except BaseException:
                 temp.unlink(missing_ok=True)
@@ -152,6 +175,25 @@ class SnapshotManager:
                 "snapshot_dir) at a writable folder, then run again to resume.") from exc
         self.prune()
         return final
+
+    def save_part(self, payload: Mapping[str, Any], step: int, rank: int) -> dict[str, Any]:
+        """Write rank ``rank``'s part of the snapshot of ``step`` (fsynced, under its final name, which no
+        reader looks at until the snapshot itself is committed); returns its :func:`part_record`.
+
+        A write that fails raises :class:`SnapshotError` naming the file; nothing committed changes.
+        """
+        final = self.folder / part_name(step, rank)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temp = self._write_temp({"format": FORMAT, "rank": rank, **payload}, final)
+            self._commit(temp, final)
+            return part_record(final)
+        except OSError as exc:
+            raise SnapshotError(
+                f"rank {rank} cannot write its part {final} of snapshot {snapshot_name(step)}: "
+                f"{_os_reason(exc)}. The snapshots already there are intact. HINT: free space in "
+                f"{self.folder} or point --snapshot-dir (TrainerConfig.snapshot_dir) at a writable folder "
+                "that every rank shares, then run again to resume.") from exc
 
     def check_writable(self) -> None:
         """Raise :class:`SnapshotError` naming the folder and the fix when snapshots cannot be written
@@ -193,10 +235,14 @@ class SnapshotManager:
             raise
         return temp
 
-    def _write_checksum(self, temp: Path, final: Path) -> None:
-        """Put the checksum of the written ``temp`` in place for ``final`` (before ``final`` exists)."""
-        record = {"format": CHECKSUM_FORMAT, "file": final.name, "bytes": temp.stat().st_size,
-                  "sha256": file_sha256(temp)}
+    def _write_checksum(self, temp: Path, final: Path,
+                        parts: builtins.list[dict[str, Any]] | None = None) -> None:
+        """Put the checksum of the written ``temp`` in place for ``final`` (before ``final`` exists), with
+        the records of its ``parts``."""
+        record: dict[str, Any] = {"format": CHECKSUM_FORMAT, "file": final.name, "bytes": temp.stat().st_size,
+                                  "sha256": file_sha256(temp)}
+        if parts:
+            record["parts"] = list(parts)
         target = checksum_path(final)
         staging = target.with_name(f"{_TEMP_PREFIX}{target.name}.{os.getpid()}.tmp")
         try:
@@ -219,6 +265,8 @@ class SnapshotManager:
         for path in self.list()[:-self.keep_last]:
             try:
                 path.unlink()  # the snapshot first: a checksum file alone is never listed
+                for part in self._parts_on_disk(path):
+                    part.unlink(missing_ok=True)
                 checksum_path(path).unlink(missing_ok=True)
                 removed.append(path)
             except OSError as exc:
@@ -233,6 +281,10 @@ class SnapshotManager:
         stale = list(self.folder.glob(f"{_TEMP_PREFIX}*.tmp"))
         stale += [p for p in self.folder.iterdir()
                   if _CHECKSUM_NAME.match(p.name) and not p.with_suffix(".pt").exists()]
+        # the parts of a snapshot that was never committed (its writer died between parts and commit)
+        stale += [p for p in self.folder.iterdir()
+                  if (m := _PART_NAME.match(p.name))
+                  and not (self.folder / snapshot_name(int(m[1]))).exists()]
         for path in stale:
             try:
                 path.unlink()
@@ -281,7 +333,61 @@ class SnapshotManager:
             raise DamagedSnapshotError(f"{path} is damaged: its SHA-256 is {digest[:16]}..., "
                                        f"{str(record.get('sha256'))[:16]}... was written (the file changed "
                                        f"on disk). {hint}")
+        for part in record.get("parts") or []:
+            # present and whole here; each rank checks the SHA-256 of the parts it reads (load_part)
+            try:
+                part_size = (path.parent / part["file"]).stat().st_size
+            except FileNotFoundError:
+                raise DamagedSnapshotError(f"{path} is incomplete: its part {part['file']} is missing. "
+                                           f"{hint}") from None
+            if part_size != part.get("bytes"):
+                raise DamagedSnapshotError(f"{path} is damaged: its part {part['file']} has {part_size} "
+                                           f"bytes, {part.get('bytes')} were written. {hint}")
         return True
+
+    def part_records(self, path: str | os.PathLike[str]) -> builtins.list[dict[str, Any]]:
+        """The parts the snapshot ``path`` lists in its checksum file, in rank order (none: [])."""
+        try:
+            record = json.loads(checksum_path(Path(path)).read_text())
+        except (OSError, ValueError):
+            return []
+        parts = record.get("parts") if isinstance(record, dict) else None
+        return list(parts) if isinstance(parts, list) else []
+
+    def _parts_on_disk(self, path: Path) -> builtins.list[Path]:
+        """The part files of snapshot ``path`` in its folder, listed or not."""
+        step = path.name[len("snapshot-"):-len(".pt")]
+        return [p for p in path.parent.glob(f"snapshot-{step}.rank-*.pt") if _PART_NAME.match(p.name)]
+
+    def load_part(self, path: str | os.PathLike[str], rank: int) -> dict[str, Any]:
+        """Rank ``rank``'s part of the committed snapshot ``path``, its SHA-256 verified first.
+
+        :class:`DamagedSnapshotError` names the part and the fix when it is missing or damaged, and
+        :class:`SnapshotError` when the snapshot has no part for that rank.
+        """
+        path = Path(path)
+        records = self.part_records(path)
+        if not 0 <= rank < len(records):
+            raise SnapshotError(f"{path} has no part for rank {rank} ({len(records)} part(s) listed). "
+                                "HINT: resume it with the ranks that wrote it, or delete it to resume from "
+                                "an older snapshot.")
+        record = records[rank]
+        part = path.parent / record["file"]
+        hint = (f"HINT: delete {path} and its files (snapshot-{path.stem.split('-')[1]}.*) to resume from "
+                "the previous snapshot.")
+        try:
+            digest = file_sha256(part)
+        except FileNotFoundError:
+            raise DamagedSnapshotError(f"{path} is incomplete: its part {part.name} is missing. "
+                                       f"{hint}") from None
+        if digest != record.get("sha256") or part.stat().st_size != record.get("bytes"):
+            raise DamagedSnapshotError(f"{path} is damaged: its part {part.name} changed on disk since it "
+                                       f"was written (SHA-256 {digest[:16]}..., "
+                                       f"{str(record.get('sha256'))[:16]}... was written). {hint}")
+        body = self._read(part)
+        if not isinstance(body, dict) or body.get("format") != FORMAT or body.get("rank") != rank:
+            raise DamagedSnapshotError(f"{part} is not rank {rank}'s part of {path.name}. {hint}")
+        return body
 
     def load(self, path: str | os.PathLike[str], fingerprint: str | None = None,
              lazy: bool = False) -> dict[str, Any]:
