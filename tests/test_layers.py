@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("api", 30, ("ringtrain.mpi_ops", "ringtrain.optimizer", "ringtrain.functions", "ringtrain.compression",
                  "ringtrain.elastic", "ringtrain.process_sets", "ringtrain.sync_batch_norm", "ringtrain.ops",
                  "ringtrain.op_requests", "ringtrain.optimizer_names", "ringtrain.adasum_optimizer",
-                 "ringtrain.overlap")),
+                 "ringtrain.overlap", "ringtrain.powersgd", "ringtrain.local_sgd", "ringtrain.exchange")),
     ("engine", 20, ("ringtrain.engine",)),
     ("env", 10, ("ringtrain.env",)),
     ("exceptions", 0, ("ringtrain.exceptions",)),
