@@ -84,9 +84,17 @@ def test_a_placement_the_cluster_cannot_fit_names_asked_and_offered(local_cluste
     all_cpus_free()  # nothing stays reserved
 
 
-#: Fails rank 1 on the first attempt only (torch's agent counts the restarts for its ranks).
+#: Fails rank 1 on the first attempt only (torch's agent counts the restarts for its ranks), once rank 0
+#: has said its line: a rank 0 that starts later than rank 1 fails (a loaded machine) would be stopped
+#: before it printed anything, and its line of the first attempt would be missing.
 FAILS_ONCE = SCRIPT + """
+import pathlib, time
+said = pathlib.Path(__file__).with_name(f"said-{env['TORCHELASTIC_RESTART_COUNT']}-{env['RANK']}")
+said.touch()
 if env["RANK"] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+    deadline = time.monotonic() + 120
+    while not said.with_name("said-0-0").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     raise SystemExit("rank 1 fails on the first attempt")
 """
 
