@@ -3,6 +3,9 @@
 ``Compression.none``, ``Compression.fp16`` and ``Compression.bf16`` are classes with two static
 methods, as in Horovod: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``.
 Only floating-point tensors are cast; integer tensors pass through unchanged.
+
+``Compression.powersgd(rank=4, ...)`` is not one of them: it returns a configuration of PowerSGD's
+low-rank compression (:mod:`ringtrain.powersgd`), which only ``DistributedOptimizer`` takes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from ringtrain.powersgd import PowerSGDConfig
 
 
 class Compressor:
@@ -74,13 +79,30 @@ class BF16Compressor(CastCompressor):
 
 
 class Compression:
-    """The available compressors: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``."""
+    """The available compressors: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``, and
+    ``Compression.powersgd(...)`` for ``DistributedOptimizer``."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
 
+    @staticmethod
+    def powersgd(rank: int = 4, start_iter: int = 10, min_compression_rate: float = 2.0,
+                 seed: int = 0) -> PowerSGDConfig:
+        """PowerSGD (Vogels et al., NeurIPS 2019) for ``DistributedOptimizer(compression=...)``.
+
+        Each gradient matrix (a tensor of two or more dimensions, seen as its first dimension by the
+        rest) travels as two rank-``rank`` factors with error feedback; 1-D tensors and matrices whose
+        factors would not be ``min_compression_rate`` times smaller travel as they are. The first
+        ``start_iter`` steps are uncompressed. ``seed`` draws the first factors, the same on every rank.
+        Works with ``op=hvd.Average`` or ``hvd.Sum``; any other collective refuses it. A ValueError
+        names a value out of range.
+        """
+        return PowerSGDConfig(rank=rank, start_iter=start_iter, min_compression_rate=min_compression_rate,
+                              seed=seed)
+
 
 __all__ = [
     "BF16Compressor", "CastCompressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor",
+    "PowerSGDConfig",
 ]
