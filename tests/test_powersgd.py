@@ -1,17 +1,23 @@
-"""PowerSGD (ringtrain.powersgd): the math on simulated ranks (a fake allreduce over a list of
-per-rank states): exact for gradients whose average is of low rank, the error-feedback invariant, the
-warm start, the batched orthonormalisation, what travels uncompressed, no NaN from zero gradients, an
-overflowing step, 16-bit gradients, the validation messages, the state dict and its merge, an elastic
-reset.
+"""PowerSGD (ringtrain.powersgd, DistributedOptimizer(compression=hvd.Compression.powersgd(...))).
+
+First the math on simulated ranks (a fake allreduce over a list of per-rank states): exact for
+gradients whose average is of low rank, the error-feedback invariant, the warm start, the batched
+orthonormalisation, what travels uncompressed, no NaN from zero gradients, an overflowing step,
+16-bit gradients, the validation messages, the state dict and its merge, an elastic reset. Then the
+optimizer on two live ranks (``ranks2``): the averaged gradient, start_iter, accumulation, groups, Sum,
+sparse gradients, training, resuming from each rank's state dict, an elastic re-init with a fresh rank.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import os
 
 import pytest
 import torch
+from torch import nn
 
 import ringtrain as hvd
 from ringtrain.powersgd import (
@@ -451,3 +457,314 @@ def test_an_elastic_reset_to_another_world_drops_the_error_feedback_and_keeps_q(
     assert state.state_dict(0, 3)["errors"] == {}
     state.load_state_dict(saved, 0, 3)  # an old world's errors are not taken
     assert not state.errors
+
+
+# --- DistributedOptimizer's refusals -----------------------------------------------------------
+
+
+def test_powersgd_anywhere_but_distributed_optimizer_is_refused():
+    config = hvd.Compression.powersgd(rank=2)
+    model = nn.Linear(30, 20)
+    for call in (lambda: hvd.allreduce(torch.ones(3), compression=config),
+                 lambda: hvd.grouped_allreduce([torch.ones(3)], compression=config),
+                 lambda: hvd.reducescatter(torch.ones(4), compression=config)):
+        with pytest.raises(ValueError, match="only works with hvd.DistributedOptimizer") as info:
+            call()
+        assert "HINT:" in str(info.value)
+    for op, name in [(hvd.Adasum, "hvd.Adasum"), (hvd.Min, "hvd.Min"), (hvd.Max, "hvd.Max"),
+                     (hvd.Product, "hvd.Product")]:
+        with pytest.raises(ValueError, match=f"op={name} cannot be used with hvd.Compression.powersgd"):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression=config, op=op)
+    with pytest.raises(ValueError, match=r"HINT: call it: compression=hvd.Compression.powersgd\(rank=4\)"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 compression=hvd.Compression.powersgd)
+
+
+# --- on two live ranks -------------------------------------------------------------------------
+
+
+def _mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 24), nn.ReLU(), nn.Linear(24, 16)).to(dtype)
+
+
+def _loss(model: nn.Module, rank: int, step: int, batch: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(batch, 32, generator=gen), torch.randn(batch, 16, generator=gen)
+    dtype = next(model.parameters()).dtype
+    return nn.functional.mse_loss(model(x.to(dtype)), y.to(dtype))
+
+
+def _expected(model: nn.Module, step: int, batch: int, passes: int, op: str) -> list[torch.Tensor]:
+    """The uncompressed result, from replicas of the model: every rank's gradient, averaged or summed."""
+    grads = []
+    for r in range(hvd.size()):
+        replica = _mlp(dtype=next(model.parameters()).dtype)  # a copy without the optimizer's hooks
+        replica.load_state_dict(model.state_dict())
+        for p in range(passes):
+            _loss(replica, r, step * passes + p, batch).backward()
+        grads.append([q.grad for q in replica.parameters()])
+    return _reduced(grads, op)
+
+
+def powersgd_steps(kind: str, overlap: str = "off", steps: int = 4) -> dict:
+    from tests.engine.hvd_env import fresh
+
+    fresh({"RINGTRAIN_OVERLAP": overlap})  # left set, as tests/test_optimizer.py's overlapped_step does
+    # float64: one power iteration is exact in exact arithmetic; in float32 a warm-start Q at a poor
+    # angle to the new gradient's rows loses digits in QR (about 1e-3 here), which is not what this checks
+    model = _mlp(dtype=torch.float64)
+    params = list(model.parameters())
+    options: dict = {}
+    batch, passes, op = 2, 1, "average"
+    if kind == "predivide":
+        options["gradient_predivide_factor"] = 2.0
+    elif kind == "sum":
+        options["op"], op = hvd.Sum, "sum"
+    elif kind == "groups_int":
+        options["groups"] = 2
+    elif kind == "groups_list":
+        options["groups"] = [params[:2], params[2:]]
+    elif kind == "passes":
+        options["backward_passes_per_step"], batch, passes = 2, 1, 2
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(rank=4, start_iter=0), **options)
+    misses, sent_in_backward = [], []
+    for step in range(steps):
+        want = _expected(model, step, batch, passes, op)
+        opt.zero_grad()
+        for p in range(passes):
+            _loss(model, hvd.rank(), step * passes + p, batch).backward()
+        sent_in_backward.append(len(opt._powersgd._phase1))
+        opt.synchronize()
+        misses.append(max(float((q.grad - w).abs().max()) for q, w in zip(params, want)))
+        with opt.skip_synchronize():
+            opt.step()
+    return {"misses": misses, "sent_in_backward": sent_in_backward, "buckets": len(opt._buckets),
+            "compressed": sorted(opt._powersgd.state.errors), "step": opt._powersgd.state.step,
+            "params": [q.detach().clone() for q in params]}
+
+
+@pytest.mark.parametrize(("kind", "overlap"), [
+    ("average", "on"), ("predivide", "off"), ("sum", "off"), ("groups_int", "off"),
+    ("groups_list", "on"), ("passes", "on"),
+])
+def test_low_rank_gradients_are_averaged_exactly(ranks2, kind, overlap):
+    results = ranks2.run(powersgd_steps, kind, overlap)
+    for result in results:
+        # both weights (24 x 32, 16 x 24) compressed; their averaged gradients have rank <= 4
+        assert result["compressed"] == ["0.weight", "2.weight"]
+        assert max(result["misses"]) < 1e-9, result["misses"]
+        assert result["step"] == 4
+        if overlap == "on":  # phase 1 of every bucket left from the gradient hooks
+            assert result["sent_in_backward"] == [result["buckets"]] * 4
+        else:
+            assert result["sent_in_backward"] == [0] * 4
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def powersgd_start_iter() -> dict:
+    hvd.init()
+    model = _mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(rank=1, start_iter=2))
+    misses, errors = [], []
+    for step in range(4):
+        want = _expected(model, step, 8, 1, "average")
+        opt.zero_grad()
+        _loss(model, hvd.rank(), step, 8).backward()  # batch 8 per rank: far from rank 1
+        opt.step()
+        misses.append(max(float((q.grad - w).abs().max()) for q, w in zip(model.parameters(), want)))
+        errors.append(sum(float(e.norm()) for e in opt._powersgd.state.errors.values()))
+    return {"misses": misses, "errors": errors}
+
+
+def test_the_first_start_iter_steps_are_uncompressed(ranks2):
+    for result in ranks2.run(powersgd_start_iter):
+        assert max(result["misses"][:2]) < 1e-6  # plain allreduces
+        assert result["errors"][:2] == [0.0, 0.0]  # no error feedback yet
+        assert min(result["misses"][2:]) > 1e-3  # rank 1 of a rank-8 average: compressed
+        assert min(result["errors"][2:]) > 0
+
+
+def powersgd_sparse(as_dense: bool) -> dict:
+    hvd.init()
+    torch.manual_seed(0)
+    emb = nn.Embedding(40, 16, sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                   named_parameters=emb.named_parameters(), sparse_as_dense=as_dense,
+                                   compression=hvd.Compression.powersgd(rank=2, start_iter=0))
+    idx = torch.tensor([0, 1]) if hvd.rank() == 0 else torch.tensor([1, 4])
+    try:
+        emb(idx).sum().backward()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    opt.synchronize()
+    grad = emb.weight.grad
+    return {"error": None, "sparse": grad.is_sparse, "dense": grad.to_dense().clone()}
+
+
+def test_a_sparse_gradient_is_refused_on_every_rank_unless_made_dense(ranks2):
+    for result in ranks2.run(powersgd_sparse, False):
+        assert result["error"].startswith("weight: a sparse gradient")
+        assert "HINT: pass sparse_as_dense=True" in result["error"]
+    dense = ranks2.run(powersgd_sparse, True)
+    for result in dense:
+        assert result["error"] is None
+        assert result["sparse"]
+        assert torch.isfinite(result["dense"]).all()
+    assert torch.equal(dense[0]["dense"], dense[1]["dense"])
+
+
+def powersgd_training() -> dict:
+    hvd.init()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    teacher = torch.randn(32, 8) / 4
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(rank=2, start_iter=3))
+    gen = torch.Generator().manual_seed(hvd.rank())
+    x = torch.randn(64, 32, generator=gen)
+    y = x @ teacher
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def test_training_a_small_model_reduces_the_loss(ranks2):
+    results = ranks2.run(powersgd_training)
+    for result in results:
+        assert result["losses"][-1] < 0.2 * result["losses"][0], result["losses"][::10]
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def _compressed_sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                    named_parameters=model.named_parameters(),
+                                    compression=hvd.Compression.powersgd(rank=2, start_iter=2))
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        _loss(model, hvd.rank(), step, 8).backward()
+        opt.step()
+
+
+def powersgd_resume() -> dict:
+    hvd.init()
+    straight = _mlp()
+    _train(straight, _compressed_sgd(straight), range(10))
+    first = _mlp()
+    opt = _compressed_sgd(first)
+    _train(first, opt, range(5))
+    saved = copy.deepcopy(opt.state_dict())
+    weights = copy.deepcopy(first.state_dict())
+    resumed = _mlp(seed=1)
+    resumed.load_state_dict(weights)
+    again = _compressed_sgd(resumed)
+    again.load_state_dict(saved)
+    _train(resumed, again, range(5, 10))
+    entry = saved[STATE_KEY]
+    return {"straight": [p.detach().clone() for p in straight.parameters()],
+            "resumed": [p.detach().clone() for p in resumed.parameters()],
+            "entry": (entry["rank"], entry["size"], entry["step"], sorted(entry["errors"]))}
+
+
+def test_resuming_from_each_rank_s_state_dict_continues_exactly(ranks2):
+    for rank, result in enumerate(ranks2.run(powersgd_resume)):
+        assert result["entry"] == (rank, 2, 5, ["0.weight", "2.weight"])
+        for a, b in zip(result["straight"], result["resumed"]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def powersgd_elastic_rejoin() -> dict:
+    """Elastic: after a re-init, rank 1 comes back with a fresh model and optimizer (step 0, the first
+    Q) while rank 0 kept its own, past start_iter; without agreeing they would send different requests."""
+    from tests.engine.hvd_env import fresh
+
+    fresh({"HOROVOD_ELASTIC": "1"})
+    try:
+        model = _mlp()
+        opt = _compressed_sgd(model)
+        _train(model, opt, range(4))
+        hvd.shutdown()
+        hvd.init()
+        if hvd.rank() == 1:
+            model = _mlp(seed=1)
+            opt = _compressed_sgd(model)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # what TorchState.sync() does
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        _train(model, opt, range(4, 6))
+        state = opt._powersgd.state
+        return {"step": state.step, "q": {n: q.clone() for n, q in state.q.items()},
+                "params": [p.detach().clone() for p in model.parameters()]}
+    finally:
+        os.environ.pop("HOROVOD_ELASTIC", None)
+        fresh()
+
+
+def test_an_elastic_rank_with_a_fresh_optimizer_takes_rank_0_s_step_and_q(ranks2):
+    results = ranks2.run(powersgd_elastic_rejoin, timeout=60)
+    assert [r["step"] for r in results] == [6, 6]
+    for name, q in results[0]["q"].items():
+        assert torch.equal(results[1]["q"][name], q)
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def powersgd_refusals() -> dict:
+    hvd.init()
+    model = _mlp()
+    errors = {}
+
+    def record(key, fn):
+        try:
+            fn()
+        except ValueError as exc:
+            errors[key] = str(exc)
+
+    def build(module: nn.Module = model, **kwargs):
+        return hvd.DistributedOptimizer(torch.optim.SGD(module.parameters(), lr=0.1),
+                                        named_parameters=module.named_parameters(), **kwargs)
+
+    record("too_large", lambda: build(compression=hvd.Compression.powersgd(rank=7)))
+    record("no_matrix", lambda: build(nn.LayerNorm(8), compression=hvd.Compression.powersgd()))
+    record("adasum", lambda: build(compression=hvd.Compression.powersgd(), op=hvd.Adasum))
+    record("allreduce", lambda: hvd.allreduce(torch.ones(2), compression=hvd.Compression.powersgd()))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("ringtrain.powersgd")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        build(compression=hvd.Compression.powersgd(rank=4), groups=2)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return {"errors": errors, "logged": seen}
+
+
+def test_refusals_are_the_same_on_every_rank_and_rank_0_says_what_is_compressed(ranks2):
+    results = ranks2.run(powersgd_refusals)
+    assert results[0]["errors"] == results[1]["errors"]
+    errors = results[0]["errors"]
+    assert set(errors) == {"too_large", "no_matrix", "adasum", "allreduce"}
+    assert all("HINT:" in text for text in errors.values())
+    assert "0.weight, 24 x 32, pays up to rank 6" in errors["too_large"]
+    assert "HINT: use rank=6 or lower" in errors["too_large"]
+    assert results[1]["logged"] == []
+    (line,) = results[0]["logged"]
+    assert line.startswith("PowerSGD rank 4: 2 of 4 gradient tensors")

@@ -8,14 +8,19 @@ grouped allreduce, so communication of late layers overlaps backward computation
 (unless that only makes the ranks' threads take turns on fully used cores: ``ringtrain.overlap``).
 ``step()`` waits for the handles (``synchronize()``) and then runs the wrapped optimizer's step.
 ``RINGTRAIN_BUCKET_CAP_MB=0`` gives Horovod's own one-request-per-parameter behaviour.
+
+With ``compression=hvd.Compression.powersgd(...)`` each bucket takes two allreduces instead
+(``_PowerSGDExchange`` below; the math is :mod:`ringtrain.powersgd`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -28,7 +33,17 @@ from ringtrain.functions import broadcast_object
 from ringtrain.ops import sparse
 from ringtrain.optimizer_names import STEP_AFTER_SYNC, TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names
 from ringtrain.overlap import should_overlap
+from ringtrain.powersgd import STATE_KEY, PowerSGDBucket, PowerSGDConfig, PowerSGDState, check_model, summary
 from ringtrain.process_sets import ProcessSet, global_process_set
+
+log = logging.getLogger("ringtrain.powersgd")
+
+_OP_NAMES = {mpi_ops.Average: "hvd.Average", mpi_ops.Sum: "hvd.Sum", mpi_ops.Adasum: "hvd.Adasum",
+             mpi_ops.Min: "hvd.Min", mpi_ops.Max: "hvd.Max", mpi_ops.Product: "hvd.Product"}
+_SPARSE_POWERSGD = ("{name}: a sparse gradient (nn.Embedding(sparse=True) or the like) cannot be compressed "
+                    "with {config}: PowerSGD works on dense matrices. HINT: pass sparse_as_dense=True to "
+                    "DistributedOptimizer (the gradient is made dense and compressed), or use "
+                    "compression=hvd.Compression.none.")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -40,14 +55,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     _ringtrain_base: type[torch.optim.Optimizer]
 
-    def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
+    def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor] | PowerSGDConfig,
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
         # the user's optimizer class, whose __init__ defaults every hyperparameter (torch.optim's all
         # do), not Optimizer.__init__(params, defaults)
         base_init: Callable[..., None] = self._ringtrain_base.__init__
         base_init(self, params)
-        self._compression = compression
+        powersgd = compression if isinstance(compression, PowerSGDConfig) else None
+        # PowerSGD's steps before start_iter take the plain path, uncompressed
+        self._compression: type[Compressor] = (Compression.none if isinstance(compression, PowerSGDConfig)
+                                               else compression)
         self._parameter_names = parameter_names(self, named_parameters, backward_passes_per_step)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -83,6 +101,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         communicate = process_set.included() and (world > 1 or settings.elastic)
         #: Whether a full bucket is sent from the backward pass (ringtrain.overlap) or in synchronize().
         self._overlap = True
+        #: PowerSGD's side, if compression=hvd.Compression.powersgd(...): its state lives here (not in
+        #: ``self.state``, which broadcast_optimizer_state sends from rank 0: the error feedback is per rank).
+        self._powersgd = (_PowerSGDExchange(self, powersgd, settings.elastic, bool(communicate))
+                          if powersgd is not None else None)
         if communicate:
             self._set_buckets(groups, settings.bucket_cap_mb)
             self._register_hooks()
@@ -139,13 +161,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return buckets
 
     def _register_hooks(self) -> None:
+        hook = self._grad_ready if self._powersgd is None else self._powersgd_grad_ready
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
                 self._requires_update.add(p)
                 self._allreduce_delay[p] = self.backward_passes_per_step
-                self._hook_handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
 
     # --- communication -----------------------------------------------------------------------
 
@@ -170,6 +193,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._bucket_pending[index] == 0 and self._overlap:
             self._submit_bucket(index)
 
+    def _powersgd_grad_ready(self, p: torch.Tensor) -> None:
+        """The hook with PowerSGD: a sparse gradient is refused (on every rank: same model, same
+        gradient), then as ``_grad_ready``, then phase 2 of buckets whose phase 1 is done is sent."""
+        powersgd = self._powersgd
+        assert powersgd is not None, "registered only with PowerSGD"
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            name = self._parameter_names.get(p)
+            raise ValueError(_SPARSE_POWERSGD.format(name=name, config=powersgd.config))
+        self._grad_ready(p)
+        powersgd.poll()
+
     def _make_solo(self, p: torch.Tensor) -> None:
         """Take a parameter with sparse gradients out of its bucket (for good: same on every rank)."""
         if p in self._solo:
@@ -188,6 +222,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                               process_set=self.process_set)
 
     def _submit_bucket(self, index: int) -> None:
+        if self._powersgd is not None and self._powersgd.compressing():
+            self._powersgd.submit(index)
+            return
         members = self._buckets[index]
         if not members:
             return
@@ -212,6 +249,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         allreduced now, with zeros if they have no gradient, so the other ranks are not left waiting.
         """
         if not self.process_set.included() or not self._requires_update:
+            self._synchronized = True
+            return
+        powersgd = self._powersgd
+        if powersgd is not None and powersgd.compressing():
+            powersgd.synchronize()
+            self._reset_step()
             self._synchronized = True
             return
         for index in range(len(self._buckets)):
@@ -248,12 +291,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = result
             else:
                 grad.copy_(result.to_dense())
+        if powersgd is not None:
+            powersgd.end_step()
         self._reset_step()
         self._synchronized = True
 
     def _reset_step(self) -> None:
         self._handles.clear()
         self._bucket_handles.clear()
+        if self._powersgd is not None:
+            self._powersgd.reset_step()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._bucket_pending = [len(m) for m in self._buckets]
@@ -283,12 +330,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(ZERO_GRAD_RACE)
         return self._ringtrain_base.zero_grad(self, *args, **kwargs)
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        """Load optimizer state and forget any half-finished step."""
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict; with PowerSGD, plus ``"ringtrain_powersgd"``: this rank's
+        ``{"rank", "size", "step", "config", "q", "errors"}`` (``ringtrain.powersgd.PowerSGDState``).
+
+        The PowerSGD entry differs from rank to rank (the error feedback): save every rank's to resume
+        exactly, or merge them with ``ringtrain.powersgd.merge_powersgd_states`` to resume at another
+        world size.
+        """
+        saved: dict[str, Any] = self._ringtrain_base.state_dict(self)
+        if self._powersgd is not None:
+            saved[STATE_KEY] = self._powersgd.state_dict()
+        return saved
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load optimizer state and forget any half-finished step.
+
+        With PowerSGD: the ``"ringtrain_powersgd"`` entry, if there is one, gives the step count and
+        ``Q``, and the error feedback if this rank of a world of this size saved it (else zero); without
+        the entry the error feedback is zeroed. Elastic training restores each rank's own saved state
+        dict this way after a reset (``hvd.elastic.TorchState``); should the re-formed world differ in
+        size, or this process get another rank, the error feedback is dropped at the next step, and in
+        an elastic job the step count and ``Q`` are taken from the set's first rank then, so a rank that
+        joined with a fresh optimizer agrees with the others on whether and how to compress.
+        """
         self._reset_step()
         self._synchronized = False
         self._should_synchronize = True
-        return self._ringtrain_base.load_state_dict(self, *args, **kwargs)
+        if STATE_KEY in state_dict:
+            state_dict = dict(state_dict)
+            saved = state_dict.pop(STATE_KEY)
+        else:
+            saved = None
+        if self._powersgd is not None:
+            self._powersgd.load_state_dict(saved)
+        return self._ringtrain_base.load_state_dict(self, state_dict)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes are accumulated locally before each allreduce."""
@@ -297,12 +373,163 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = passes
 
 
+class _PowerSGDExchange:
+    """PowerSGD's allreduces for one DistributedOptimizer (the math: ``ringtrain.powersgd.PowerSGDBucket``).
+
+    Once a bucket is complete (from the gradient hook, as the plain path; or in ``synchronize()``),
+    phase 1 leaves: one grouped allreduce of the bucket's flat buffer of uncompressed gradients and
+    ``P_i``. Phase 2 (the ``Q_i``) leaves as soon as phase 1 is done: later hooks poll, without
+    blocking, the buckets in the order they were sent; ``synchronize()`` waits for the rest in that
+    order, sending each bucket's phase 2 before waiting on the next one's phase 1, then writes the
+    gradients. Requests are named per bucket and phase, so ranks whose polls see completions at
+    different times still match. The first ``start_iter`` steps take the optimizer's plain path.
+    """
+
+    def __init__(self, optimizer: _DistributedOptimizer, config: PowerSGDConfig, elastic: bool,
+                 communicate: bool) -> None:
+        self.config = config
+        self._opt = optimizer
+        names = optimizer._parameter_names
+        trainable = {names[p]: p for group in optimizer.param_groups for p in group["params"]
+                     if p.requires_grad}
+        # before any collective of the optimizer (groups=int broadcasts): the same error on every rank
+        check_model(config, {name: (p.shape, p.dtype) for name, p in trainable.items()})
+        self.state = PowerSGDState(config, trainable)
+        self._elastic = elastic
+        self._engine: weakref.ref[Any] | None = None
+        if communicate and not elastic:
+            self._enter_world()
+        if communicate and optimizer.process_set.rank() == 0:
+            log.info("%s", summary(config, trainable))
+        self._buckets: dict[int, PowerSGDBucket] = {}
+        self._compressing: bool | None = None  # decided at the first bucket of a step
+        self._sent: list[int] = []  # buckets in the order their phase 1 left
+        self._phase1: dict[int, int] = {}
+        self._phase2: dict[int, int | None] = {}
+        self._second = 0  # how many of _sent have had phase 2 sent
+
+    def _enter_world(self) -> None:
+        """At the first step in an engine (after construction, or an elastic reset): error feedback of
+        another world is dropped; in an elastic job every rank takes the step count and Q of the set's
+        first rank (one that joined has a fresh optimizer, and all must agree on what to send)."""
+        engine = state.engine
+        if self._engine is not None and self._engine() is engine:
+            return
+        process_set = self._opt.process_set
+        rank, size = process_set.rank(), process_set.size()
+        assert rank is not None, "a member of a registered set"
+        assert size is not None, "a member of a registered set"
+        self.state.enter_world(rank, size)
+        if self._elastic:
+            ours = {"step": self.state.step, "q": {name: q.cpu() for name, q in self.state.q.items()}}
+            root = process_set.ranks[0] if process_set.ranks else 0
+            theirs = broadcast_object(ours, root, name="DistributedOptimizer.powersgd.state",
+                                      process_set=process_set)
+            self.state.step = theirs["step"]
+            for name, q in theirs["q"].items():
+                self.state.q[name].copy_(q)
+        self._engine = weakref.ref(engine)
+
+    def compressing(self) -> bool:
+        """Whether this step is compressed (decided once per step, the same on every rank)."""
+        if self._compressing is None:
+            self._enter_world()
+            self._compressing = self.state.step >= self.config.start_iter
+        return self._compressing
+
+    def submit(self, index: int) -> None:
+        """Send bucket ``index``'s phase 1 (once per step)."""
+        opt = self._opt
+        members = opt._buckets[index]
+        if index in self._phase1 or not members:
+            return
+        grads = []
+        for p in members:
+            if p.grad is None:  # unused on this rank: it contributes zeros, as on the plain path
+                p.grad = torch.zeros_like(p)
+            grads.append(sparse.as_dense(p.grad))  # sparse_as_dense: a dense copy is compressed
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            names = [opt._parameter_names[p] for p in members]
+            bucket = self._buckets[index] = PowerSGDBucket(self.state, names)
+        self._phase1[index] = self._allreduce(bucket.start(grads), f"{opt._bucket_names[index]}.powersgd.p")
+        self._sent.append(index)
+
+    def _allreduce(self, buffers: list[torch.Tensor], name: str) -> int:
+        opt = self._opt
+        return mpi_ops.grouped_allreduce_async_(buffers, name=name, op=opt.op, prescale_factor=opt._prescale,
+                                                postscale_factor=opt._postscale, process_set=opt.process_set)
+
+    def _send_second(self) -> None:
+        """Phase 1 of the next bucket in sending order is done (or is waited for): send its phase 2."""
+        index = self._sent[self._second]
+        mpi_ops.synchronize(self._phase1[index])
+        buffers = self._buckets[index].middle()
+        name = f"{self._opt._bucket_names[index]}.powersgd.q"
+        self._phase2[index] = self._allreduce(buffers, name) if buffers else None
+        self._second += 1
+
+    def poll(self) -> None:
+        """From a gradient hook: send phase 2 of every bucket, in sending order, whose phase 1 is done."""
+        while self._second < len(self._sent) and mpi_ops.poll(self._phase1[self._sent[self._second]]):
+            self._send_second()
+
+    def synchronize(self) -> None:
+        """Send what is left, wait for both phases of every bucket, write the gradients, end the step."""
+        opt = self._opt
+        for index in range(len(opt._buckets)):
+            self.submit(index)
+        while self._second < len(self._sent):
+            self._send_second()
+        for index in self._sent:
+            handle = self._phase2[index]
+            if handle is not None:
+                mpi_ops.synchronize(handle)
+            results = self._buckets[index].finish()
+            for p, result in zip(opt._buckets[index], results):
+                grad = p.grad
+                assert grad is not None, "submit gave every member a gradient"
+                if grad.is_sparse:  # sparse_as_dense: back to a sparse gradient, as the plain path does
+                    p.grad = sparse.like_sparse(result, grad)
+                elif result is not grad:
+                    grad.copy_(result)
+        self.end_step()
+
+    def end_step(self) -> None:
+        """This step's gradients were reduced, compressed or not."""
+        self.state.advance()
+        self.reset_step()
+
+    def reset_step(self) -> None:
+        """Forget this step's requests (the optimizer's ``_reset_step``)."""
+        self._compressing = None
+        self._sent.clear()
+        self._phase1.clear()
+        self._phase2.clear()
+        self._second = 0
+
+    def _world(self) -> tuple[int | None, int | None]:
+        if state.engine is None:
+            return None, None
+        process_set = self._opt.process_set
+        return process_set.rank(), process_set.size()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's PowerSGD state (``PowerSGDState.state_dict``)."""
+        return self.state.state_dict(*self._world())
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        """Take a saved PowerSGD state (or none: zero error feedback), in this rank's world."""
+        self.state.load_state_dict(saved, *self._world())
+
+
 _GRAFTED = {name: value for name, value in vars(_DistributedOptimizer).items()
             if name not in ("__dict__", "__weakref__", "__annotations__", "__doc__", "__module__")}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
-                         compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                         compression: type[Compressor] | PowerSGDConfig = Compression.none,
+                         backward_passes_per_step: int = 1,
                          op: int = mpi_ops.Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
@@ -311,13 +538,23 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Returns an instance of a new subclass of ``type(optimizer)`` (``isinstance`` still holds; LR
     schedulers and GradScaler work) built from ``optimizer.param_groups``; the wrapped optimizer's
     existing ``state`` is not carried over. ``named_parameters`` (usually
-    ``model.named_parameters()``) names each allreduce; ``compression`` casts gradients on the wire;
+    ``model.named_parameters()``) names each allreduce; ``compression`` casts gradients on the wire,
+    or, as ``hvd.Compression.powersgd(rank=4)``, sends each gradient matrix as two low-rank factors
+    with error feedback (``op`` Average or Sum; state in ``state_dict()["ringtrain_powersgd"]``);
     ``backward_passes_per_step`` accumulates that many backward passes locally before communicating;
     ``gradient_predivide_factor`` splits the averaging into a division before and after the sum;
     ``groups`` (an int, or lists of parameters) allreduces parameters in atomic groups.
     """
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if cast(object, compression) is Compression.powersgd:
+        raise ValueError("compression=hvd.Compression.powersgd is the factory, not a configuration. HINT: "
+                         "call it: compression=hvd.Compression.powersgd(rank=4).")
+    if isinstance(compression, PowerSGDConfig) and op not in (mpi_ops.Average, mpi_ops.Sum):
+        raise ValueError(f"op={_OP_NAMES.get(op, repr(op))} cannot be used with {compression}: PowerSGD "
+                         "averages (or sums) low-rank factors of the gradients. HINT: use op=hvd.Average or "
+                         "op=hvd.Sum with PowerSGD, or another compression (hvd.Compression.none, fp16, "
+                         "bf16) with this op.")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning, stacklevel=2)
@@ -337,6 +574,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                     seen.add(id(p))
     if op == mpi_ops.Adasum and mpi_ops.size() > 1:
         # Horovod's delta optimizer: each rank steps locally and the parameter deltas are combined.
+        assert not isinstance(compression, PowerSGDConfig), "refused above"
         return DistributedAdasumOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                           process_set)
     base = type(optimizer)
