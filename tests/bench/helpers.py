@@ -42,3 +42,43 @@ def sample_body(link: bool = True) -> dict[str, Any]:
     probe = {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8, "samples": [],
              "hosts": ["h0", "h0"], "note": "test link"} if link else None
     return body(ms, probe)
+
+
+#: A small model's trainable parameter shapes (as the baseline's worker lists them): two matrices that
+#: PowerSGD compresses at rank 4, and biases that travel as they are.
+SHAPES = [[256, 1024], [256], [64, 256], [64]]
+METHOD_STRATEGIES = ("single", "horovod", "horovod-powersgd4", "horovod-localsgd8")
+
+
+def method_sweep(link: bool = True, shapes: bool = True) -> dict[str, Any]:
+    """A sweep of fp32, PowerSGD and Local SGD competitors at 2 processes, its runs reporting what the
+    worker reports (wire bytes, method, warm-up); ``shapes=False``: as a result file written before the
+    baseline listed its parameters' shapes."""
+    from ringtrain.bench.plan import BenchSettings
+    from ringtrain.exchange import Method, local_sgd, wire_cost
+
+    methods = {"horovod": Method("none"), "horovod-powersgd4": Method("powersgd", rank=4),
+               "horovod-localsgd8": local_sgd(8)}
+    rates = {"single": 100.0, "horovod": 80.0, "horovod-powersgd4": 90.0, "horovod-localsgd8": 95.0}
+    runs = []
+    for index, strategy in enumerate(METHOD_STRATEGIES):
+        np = 1 if strategy == "single" else 2
+        m = Measurement(index=index, repeat=0, strategy=strategy, np=np, wall_seconds=5.0 + np)
+        extra: dict[str, Any] = {"warmup_steps": 12 if "powersgd" in strategy else 5}
+        if strategy == "single":
+            extra["phases"] = {"forward": 0.03, "backward": 0.06, "optimizer": 0.01}
+            if shapes:
+                extra["parameter_shapes"] = SHAPES
+        else:
+            cost = wire_cost(SHAPES, methods[strategy])
+            extra.update(wire_bytes_per_step=cost.bytes_per_step, compression_ratio=cost.ratio,
+                         method=methods[strategy].label)
+        combine_reports(m, [report(r, np, rates[strategy], 1.0, **{**extra, "gradient_bytes": 1_115_392})
+                            for r in range(np)])
+        runs.append(m)
+    probe = {"kind": "loopback", "alpha_s": 1e-4, "beta_bytes_per_s": 1e8, "samples": [],
+             "hosts": ["h0", "h0"], "note": "test link"} if link else None
+    result = body(runs, probe, strategies=METHOD_STRATEGIES)
+    planned = BenchSettings(workload="mnist", strategies=METHOD_STRATEGIES, steps=10, warmup_steps=5)
+    result["settings"].update(warmup_steps=5, strategy_settings=planned.strategy_settings())
+    return result

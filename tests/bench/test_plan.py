@@ -40,6 +40,123 @@ def test_strategies_keep_order_and_refuse_unknown_names():
         parse_strategies("single,hvd")
 
 
+@pytest.mark.parametrize(("name", "trainer", "compression", "sync_every", "outer", "label"), [
+    ("single", "ddp", "none", None, (1.0, 0.0), "fp32"),
+    ("ddp", "ddp", "none", None, (1.0, 0.0), "fp32"),
+    ("horovod", "horovod", "none", None, (1.0, 0.0), "fp32"),
+    ("ddp-fp16", "ddp", "fp16", None, (1.0, 0.0), "fp16"),
+    ("horovod-fp16", "horovod", "fp16", None, (1.0, 0.0), "fp16"),
+    ("horovod-bf16", "horovod", "bf16", None, (1.0, 0.0), "bf16"),
+    ("ddp-powersgd4", "ddp", "powersgd:4", None, (1.0, 0.0), "powersgd:4"),
+    ("horovod-powersgd8", "horovod", "powersgd:8", None, (1.0, 0.0), "powersgd:8"),
+    ("horovod-localsgd8", "horovod", "none", 8, (1.0, 0.0), "localsgd:8"),
+    ("ddp-localsgd16", "ddp", "none", 16, (1.0, 0.0), "localsgd:16"),
+    ("horovod-diloco8", "horovod", "none", 8, (0.7, 0.9), "localsgd:8"),
+    ("barrier", "horovod", "none", None, (1.0, 0.0), "fp32"),
+])
+def test_a_strategy_name_says_what_the_trainer_runs(name, trainer, compression, sync_every, outer, label):
+    from ringtrain.bench.plan import strategy_spec
+
+    spec = strategy_spec(name)
+    assert spec.name == name
+    assert (spec.trainer, spec.compression, spec.sync_every) == (trainer, compression, sync_every)
+    assert (spec.outer_lr, spec.outer_momentum) == outer
+    assert spec.method.label == label
+    assert spec.trainer_settings() == {"strategy": trainer, "compression": compression,
+                                       "sync_every": sync_every, "outer_lr": outer[0],
+                                       "outer_momentum": outer[1]}
+
+
+def test_powersgd_without_a_rank_is_rank_4_and_names_are_shown_with_it():
+    assert parse_strategies("horovod-powersgd,horovod-powersgd4,ddp-powersgd08") == (
+        "horovod-powersgd4", "ddp-powersgd8")
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("horovod-powersgd0", "'horovod-powersgd0': PowerSGD's rank must be at least 1. HINT: write e.g. "
+                          "horovod-powersgd4"),
+    ("ddp-localsgd", "'ddp-localsgd': -localsgd needs the steps between two averagings, at least 1 (none "
+                     "given). HINT: write e.g. ddp-localsgd8"),
+    ("horovod-diloco0", "'horovod-diloco0': -diloco needs the steps between two averagings"),
+    ("foo", "'foo' is not a strategy. HINT: choose from single, ddp, horovod"),
+    ("horovod-", "'horovod-' is not a strategy. HINT"),
+    ("horovod-fp8", "'horovod-fp8': -fp8 is not a suffix of horovod. HINT"),
+    ("ddp-fp1616", "'ddp-fp1616': -fp16 takes no number. HINT: write ddp-fp16."),
+    ("single-fp16", "'single' is the single-process baseline. HINT: write ddp-fp16 or horovod-fp16."),
+    ("barrier-powersgd4", "'barrier' is a reference that exchanges no gradients"),
+])
+def test_a_malformed_strategy_is_a_usage_error_naming_it_and_the_fix(name, message):
+    with pytest.raises(UsageError) as info:
+        parse_strategies(f"single,{name}")
+    assert f"--strategies single,{name}: " in str(info.value)
+    assert message in str(info.value)
+    assert "HINT: " in str(info.value)
+    with pytest.raises(UsageError, match="HINT"):  # settings built without the parser refuse it too
+        BenchSettings(workload="mnist", strategies=("single", name))
+
+
+def test_method_of_a_name_and_of_what_is_no_strategy():
+    from ringtrain.bench.plan import method_of
+
+    assert method_of("horovod-localsgd4").sync_every == 4
+    assert method_of("ddp-fp16").name == "fp16"
+    assert method_of("script") is None  # a script's competitor: its exchange is its own business
+    assert method_of("horovod-zstd") is None  # a name of another version in an old result file
+
+
+def test_powersgd_warms_up_past_its_uncompressed_steps_and_local_sgd_times_whole_periods():
+    from ringtrain.bench.plan import POWERSGD_PLAIN_STEPS, POWERSGD_WARMUP
+
+    assert POWERSGD_WARMUP >= POWERSGD_PLAIN_STEPS + 2
+    settings = BenchSettings(workload="mnist", nps=(1, 2), steps=50, warmup_steps=5,
+                             strategies=("single", "horovod", "ddp-powersgd4", "horovod-localsgd8",
+                                         "horovod-diloco16"))
+    assert settings.steps_of("single") == (5, 50)
+    assert settings.steps_of("horovod") == (5, 50)
+    assert settings.steps_of("ddp-powersgd4") == (12, 50)
+    assert settings.steps_of("horovod-localsgd8") == (5, 56)  # 7 whole periods of 8
+    assert settings.steps_of("horovod-diloco16") == (5, 64)
+    more = BenchSettings(workload="mnist", steps=48, warmup_steps=20, strategies=("ddp-powersgd4",
+                                                                                  "horovod-localsgd8"))
+    assert more.steps_of("ddp-powersgd4") == (20, 48)  # a longer warm-up stays as asked
+    assert more.steps_of("horovod-localsgd8") == (20, 48)  # already whole periods
+    epochs = BenchSettings(workload="mnist", epochs=1, strategies=("horovod-localsgd8", "horovod-powersgd4"))
+    assert epochs.steps_of("horovod-localsgd8") == (5, None)  # whole epochs are timed instead
+    assert epochs.steps_of("horovod-powersgd4") == (12, None)
+    spec = worker_spec(settings, "horovod-localsgd8", 2, threads=1)
+    assert (spec["steps"], spec["warmup_steps"], spec["sync_every"]) == (56, 5, 8)
+    spec = worker_spec(settings, "ddp-powersgd4", 2, threads=1)
+    assert (spec["steps"], spec["warmup_steps"], spec["compression"]) == (50, 12, "powersgd:4")
+    planned = settings.describe()["strategy_settings"]
+    assert planned["ddp-powersgd4"] == {"strategy": "ddp", "compression": "powersgd:4", "sync_every": None,
+                                        "outer_lr": 1.0, "outer_momentum": 0.0, "method": "powersgd:4",
+                                        "warmup_steps": 12, "steps": 50}
+    assert planned["horovod-diloco16"]["outer_momentum"] == 0.9
+    assert BenchSettings(command=("python", "x.py")).describe()["strategy_settings"] == {}
+
+
+def test_the_plans_uncompressed_steps_are_powersgds():
+    """The warm-up rule copies PowerSGD's default start_iter (plan.py stays torch-free): they must agree."""
+    from ringtrain.bench.plan import POWERSGD_PLAIN_STEPS
+    from ringtrain.powersgd import PowerSGDConfig
+    from ringtrain.train.ddp_powersgd import DEFAULT_START_ITER
+
+    assert PowerSGDConfig().start_iter == POWERSGD_PLAIN_STEPS
+    assert DEFAULT_START_ITER == POWERSGD_PLAIN_STEPS
+
+
+def test_the_estimate_counts_each_strategys_own_steps():
+    from ringtrain.bench.estimate import WorkloadTiming, run_seconds
+
+    settings = BenchSettings(workload="mnist", nps=(1, 2), steps=50, warmup_steps=5, repeats=1,
+                             strategies=("horovod", "horovod-powersgd4", "horovod-localsgd8"))
+    timing = WorkloadTiming(items=60000, batch=64, load_s=0.0, step_s=0.01, import_s=0.0)
+    runs = {r.strategy: r for r in plan_runs(settings, threads=1, python="PY")}
+    base = run_seconds(settings, runs["horovod"], timing, threads=1, cores=2)
+    assert run_seconds(settings, runs["horovod-powersgd4"], timing, 1, 2) == pytest.approx(base + 7 * 0.01)
+    assert run_seconds(settings, runs["horovod-localsgd8"], timing, 1, 2) == pytest.approx(base + 6 * 0.01)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"steps": 5, "epochs": 1}, "--steps 5 and --epochs 1"),
     ({"repeats": 0}, "--repeats 0"),
@@ -79,7 +196,7 @@ def test_baseline_is_a_plain_process_and_others_go_through_the_launcher():
     assert dist.argv[:9] == ("PY", "-m", "ringtrain", "run", "-np", "2", "-H", "hostA:1,hostB:1", "-i")
     spec = json.loads(dist.argv[dist.argv.index("--spec") + 1])
     assert spec["strategy"] == "horovod"
-    assert spec["fp16_allreduce"] is True
+    assert spec["compression"] == "fp16"
     assert spec["threads"] == 3
     assert base.env["OMP_NUM_THREADS"] == "3"
     assert dist.env["OMP_NUM_THREADS"] == "3"
@@ -93,7 +210,7 @@ def test_the_barrier_reference_is_one_job_through_the_launcher():
     assert not barrier.plain
     assert barrier.argv[:6] == ("PY", "-m", "ringtrain", "run", "-np", "2")
     spec = json.loads(barrier.argv[barrier.argv.index("--spec") + 1])
-    assert (spec["strategy"], spec["bench_strategy"], spec["fp16_allreduce"]) == ("horovod", "barrier", False)
+    assert (spec["strategy"], spec["bench_strategy"], spec["compression"]) == ("horovod", "barrier", "none")
     assert horovod.strategy == "horovod"
 
 

@@ -270,3 +270,17 @@ def test_a_row_records_its_shortest_timed_part_and_whether_it_is_too_short_to_tr
     assert net.timed_seconds == pytest.approx(1.0)
     assert net.too_short
     assert summarize([timed(0, 0.1, ok=False)])[0].timed_seconds is None  # nothing ran: nothing to say
+
+
+def test_a_row_carries_its_methods_bytes_and_the_steps_its_runs_took():
+    from tests.bench.helpers import method_sweep
+
+    rows = {r["strategy"]: r for r in method_sweep()["rows"]}
+    powersgd = rows["horovod-powersgd4"]
+    assert (powersgd["method"], powersgd["wire_bytes_per_step"], powersgd["warmup_steps"]) == (
+        "powersgd:4", 26_880, 12)
+    assert rows["horovod-localsgd8"]["compression_ratio"] == 8.0
+    assert rows["horovod"]["steps"] == 10
+    base = rows["single"]
+    assert (base["method"], base["wire_bytes_per_step"], base["compression_ratio"], base["warmup_steps"]) == (
+        None, None, None, 5)

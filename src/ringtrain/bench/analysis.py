@@ -2,9 +2,11 @@
 
 The inputs come from the same sweep: the baseline's step time and backward share, the gradient
 size its worker reported, and the link probe's latency and bandwidth. Each measured row then gets the
-model's efficiency for its own configuration, which is how the model is validated; the projection
-applies it to named interconnects at 8 to 1,024 ranks. The compute slow-down ``f`` of a measured row
-is, by preference:
+model's efficiency for its own configuration and way of exchanging gradients (fp32, fp16, PowerSGD,
+Local SGD: each row's own method), which is how the model is validated; the projection applies it to
+named interconnects at 8 to 1,024 ranks for every method among the competitors, and, with more than
+one, says which of them the model finds fastest there (``method_that_pays``). The compute slow-down
+``f`` of a measured row is, by preference:
 
 - 1 / the efficiency of the ``barrier`` ranks at the same size (the same placement, in lockstep,
   exchanging 4 bytes a step: what running synchronously costs here before any gradient moves);
@@ -23,14 +25,17 @@ from typing import Any
 
 from ringtrain.bench.model import (
     DEFAULT_BACKWARD_SHARE,
+    FP32,
     INTERCONNECTS,
     Interconnect,
     StepModel,
+    method_that_pays,
     predict,
 )
 from ringtrain.bench.model import project as project_model
-from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, STRATEGIES, is_competitor
+from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT, is_competitor, method_of
 from ringtrain.bench.records import Measurement
+from ringtrain.exchange import Method
 
 
 def _machine(report: dict[str, Any]) -> str:
@@ -58,8 +63,13 @@ def oversubscription(m: Measurement) -> float:
     return worst
 
 
-def step_model(runs: list[Measurement], fp16: bool, strong: bool) -> StepModel | None:
-    """The model's inputs from the baseline's runs (None when they do not say enough)."""
+def step_model(runs: list[Measurement], method: Method, strong: bool) -> StepModel | None:
+    """The model's inputs from the baseline's runs for gradients exchanged by ``method`` (None when they do
+    not say enough).
+
+    The baseline lists its parameters' shapes, which give every method's bytes. Result files written
+    before it did have only the gradient bytes: enough for fp32, fp16, bf16 and Local SGD; PowerSGD's
+    ratio is then taken from what its own runs reported, else it has no model."""
     base = [m for m in runs if m.strategy == BASELINE and m.ok and m.seconds_per_step]
     if not base:
         return None
@@ -74,12 +84,29 @@ def step_model(runs: list[Measurement], fp16: bool, strong: bool) -> StepModel |
         if isinstance(phases, dict) and all(phases.get(k) for k in ("forward", "backward", "optimizer")):
             shares.append(phases["backward"] / (phases["forward"] + phases["backward"] + phases["optimizer"]))
     share = statistics.median(shares) if shares else DEFAULT_BACKWARD_SHARE
-    return StepModel(compute_s=compute, backward_s=compute * share, gradient_bytes=float(grads[0]), fp16=fp16,
-                     strong=strong)
+    backward = compute * share
+    shapes = next((r["parameter_shapes"] for r in reports if r.get("parameter_shapes")), None)
+    if shapes:
+        return StepModel.for_shapes(compute, backward, shapes, method, strong=strong)
+    ratio = None
+    if method.name == "powersgd":
+        ratio = next((float(r["compression_ratio"]) for m in runs if m.ok for r in m.reports
+                      if r.get("method") == method.label and r.get("compression_ratio")), None)
+        if ratio is None:
+            return None
+    return StepModel(compute_s=compute, backward_s=backward, gradient_bytes=float(grads[0]), method=method,
+                     wire_ratio=ratio, strong=strong)
 
 
-def _is_fp16(strategy: str) -> bool:
-    return STRATEGIES.get(strategy, ("", False))[1]
+def competing_methods(strategies: list[str]) -> list[Method]:
+    """The methods of the sweep's competitors, each once, in the order of ``--strategies`` (fp32 for a
+    script, whose exchange the bench does not know); fp32 alone when there is no competitor."""
+    methods: dict[str, Method] = {}
+    for name in strategies:
+        if is_competitor(name):
+            method = method_of(name) or FP32
+            methods.setdefault(method.label, method)
+    return list(methods.values()) or [FP32]
 
 
 def link_applies(link: dict[str, Any] | None, m: Measurement) -> bool:
@@ -97,25 +124,32 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = (), *, proj
     runs = [Measurement.from_dict(r) for r in body.get("runs", [])]
     strong = body.get("settings", {}).get("scaling") == "strong"
     link = body.get("link")
-    inputs = {}
-    for fp16 in (False, True):
-        model = step_model(runs, fp16, strong)
+    methods = competing_methods(body.get("settings", {}).get("strategies")
+                                or [r["strategy"] for r in body.get("rows", [])])
+    inputs: dict[str, StepModel] = {}
+    for method in [FP32, *methods]:
+        model = step_model(runs, method, strong)
         if model is not None:
-            inputs["fp16" if fp16 else "fp32"] = model
+            inputs[method.label] = model
     body["model"] = None
     body["validation"] = []
     body["projection"] = []
-    if not inputs:
+    body["method_that_pays"] = []
+    if FP32.label not in inputs:
         body["model"] = {"error": "no baseline step time and gradient size: the model needs a built-in "
                                   "workload, or a script reporting steps= and gradient_bytes="}
         return
-    base = inputs["fp32"]
+    base = inputs[FP32.label]
     body["model"] = {"compute_s": base.compute_s, "backward_s": base.backward_s,
                      "backward_share": base.backward_s / base.compute_s,
                      "gradient_bytes": base.gradient_bytes,
                      "buckets": base.buckets, "strong_scaling": strong,
                      "link": {k: link.get(k) for k in ("alpha_s", "beta_bytes_per_s", "kind")}
-                     if link and not link.get("error") else None}
+                     if link and not link.get("error") else None,
+                     "methods": {label: {"wire_bytes_per_exchange": m.wire_bytes, "ratio": m.ratio,
+                                         "rounds_per_bucket": m.rounds, "steps_per_exchange": m.sync_every,
+                                         "wire_bytes_per_step": m.wire_bytes_per_step}
+                                 for label, m in inputs.items()}}
     # measured compute slow-down at each size: N copies without communication (the machine's ceiling),
     # which applies to runs whose N ranks all shared the machine the copies ran on. The copies' lockstep
     # efficiency, where their step times gave one, is the ceiling of a synchronous job: it also pays
@@ -140,12 +174,14 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = (), *, proj
             f, source = max(1.0, 1.0 / ceiling[row["np"]]), "independent"
         else:
             f, source = statistics.median(oversubscription(m) for m in members), "cores"
-        model = inputs["fp16" if _is_fp16(row["strategy"]) else "fp32"]
+        model = inputs.get((method_of(row["strategy"]) or FP32).label)
+        if model is None:  # PowerSGD in a result file that lists neither shapes nor its ratio
+            continue
         assert link is not None
         pred = predict(model, row["np"], link["alpha_s"], link["beta_bytes_per_s"], oversubscription=f)
         row["model_efficiency"] = pred.efficiency
         body["validation"].append({
-            "strategy": row["strategy"], "np": row["np"], "oversubscription": f,
+            "strategy": row["strategy"], "method": model.method.label, "np": row["np"], "oversubscription": f,
             "compute_factor_from": source,
             "measured_efficiency": row["efficiency"], "predicted_efficiency": pred.efficiency,
             "error": pred.efficiency - row["efficiency"],
@@ -158,12 +194,11 @@ def annotate(body: dict[str, Any], extra: tuple[Interconnect, ...] = (), *, proj
     if link and not link.get("error"):
         connects.append(Interconnect("measured", f"this sweep's link ({link.get('kind')})",
                                      link["beta_bytes_per_s"], link["alpha_s"]))
-    wires = {_is_fp16(s) for s in body.get("settings", {}).get("strategies", [])
-             if is_competitor(s)} or {False}
-    for fp16 in sorted(wires):
-        key = "fp16" if fp16 else "fp32"
-        if key in inputs:
-            body["projection"] += project_model(inputs[key], tuple(connects))
+    projected = [inputs[m.label] for m in methods if m.label in inputs]
+    for model in projected:
+        body["projection"] += project_model(model, tuple(connects))
+    if len(projected) > 1:
+        body["method_that_pays"] = method_that_pays(projected, connects)
 
 
 def collect_validation(paths: list[Path]) -> list[dict[str, Any]]:

@@ -116,8 +116,9 @@ def run_seconds(settings: BenchSettings, run: RunSpec, timing: WorkloadTiming, t
     if settings.epochs is not None:
         per_rank = timing.batch // run.np if settings.scaling == "strong" else timing.batch
         steps = math.ceil(timing.items / run.np / max(1, per_rank)) * settings.epochs
-    else:
-        steps = settings.warmup_steps + (settings.timed_steps() or 0)
+    else:  # PowerSGD's longer warm-up and Local SGD's whole periods included
+        warmup, timed = settings.steps_of(run.strategy)
+        steps = warmup + (timed or 0)
     if run.strategy == BASELINE:
         steps += BASELINE_PHASE_STEPS
     import_s = timing.import_s if timing.import_s is not None else DEFAULT_IMPORT_S

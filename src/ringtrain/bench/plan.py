@@ -10,7 +10,9 @@ whichever happened to run last.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,28 +20,146 @@ from pathlib import Path
 from typing import Any
 
 from ringtrain.exceptions import UsageError
+from ringtrain.exchange import DEFAULT_POWERSGD_RANK, Method, local_sgd
 
-STRATEGIES: dict[str, tuple[str, bool]] = {
-    # bench name: (Trainer strategy, fp16 gradients on the wire)
-    "single": ("ddp", False),  # world size 1: the Trainer starts no process group at all
-    "ddp": ("ddp", False),
-    "ddp-fp16": ("ddp", True),  # DDP's fp16_compress_hook
-    "horovod": ("horovod", False),
-    "horovod-fp16": ("horovod", True),  # DistributedOptimizer(compression=Compression.fp16)
+FP32 = Method("none")
+
+#: PowerSGD sends its first steps uncompressed (``start_iter`` of ``Compression.powersgd`` and of the DDP
+#: strategy's hook, 10 by default): timing them would measure fp32 gradients under PowerSGD's name.
+POWERSGD_PLAIN_STEPS = 10
+#: The fewest warm-up steps of a PowerSGD run: its plain steps, then one compressed step that allocates
+#: the factors and its error feedback, then one more, so that the first timed step is a steady one.
+POWERSGD_WARMUP = POWERSGD_PLAIN_STEPS + 2
+#: DiLoCo's outer optimizer (Douillard et al. 2023): SGD with Nesterov momentum on the averaged deltas.
+DILOCO_OUTER_LR = 0.7
+DILOCO_OUTER_MOMENTUM = 0.9
+#: A strategy name: a base, and for ``ddp`` and ``horovod`` an optional suffix ``-fp16``, ``-bf16``,
+#: ``-powersgd[R]`` (PowerSGD's rank, 4 when left out), ``-localsgdH`` or ``-dilocoH`` (the steps
+#: between two averagings).
+_NAME = re.compile(r"(?P<base>[a-z0-9]+)(?:-(?P<kind>fp16|bf16|powersgd|localsgd|diloco|[a-z0-9]+?)"
+                   r"(?P<number>\d*))?")
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What a ``--strategies`` name means: the Trainer's strategy and how its gradients travel."""
+
+    name: str
+    """The name as tables show it (``horovod-powersgd`` is shown as ``horovod-powersgd4``)."""
+    trainer: str
+    """The Trainer's strategy: ``ddp`` or ``horovod``."""
+    method: Method = FP32
+    """How gradients cross the link (:mod:`ringtrain.exchange`); fp32 for the baseline and references."""
+    outer_lr: float = 1.0
+    """Local SGD's outer learning rate (DiLoCo: 0.7)."""
+    outer_momentum: float = 0.0
+    """Local SGD's outer Nesterov momentum (DiLoCo: 0.9)."""
+
+    @property
+    def compression(self) -> str:
+        """``TrainerConfig.compression``: ``none``, ``fp16``, ``bf16`` or ``powersgd:R``."""
+        return self.method.compression
+
+    @property
+    def sync_every(self) -> int | None:
+        """``TrainerConfig.sync_every``: Local SGD's steps between averagings (None: every step)."""
+        return self.method.sync_every if self.method.name == "localsgd" else None
+
+    def warmup_steps(self, requested: int) -> int:
+        """The untimed steps of a run: as requested, but PowerSGD's plain steps are never timed."""
+        return warmup_for(self.method, requested)
+
+    def timed_steps(self, requested: int | None) -> int | None:
+        """Timed steps of a run: as requested, rounded up to whole averaging periods for Local SGD (a
+        window that holds part of a period would count a share of its averagings that depends on where
+        the window falls, not on the method)."""
+        every = self.sync_every
+        if requested is None or not every:
+            return requested
+        return math.ceil(requested / every) * every
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The ``TrainerConfig`` fields this name sets (the worker's spec carries them)."""
+        return {"strategy": self.trainer, "compression": self.compression, "sync_every": self.sync_every,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+
+
+def warmup_for(method: Method, requested: int) -> int:
+    """The warm-up steps a run of ``method`` takes: at least :data:`POWERSGD_WARMUP` for PowerSGD."""
+    return max(requested, POWERSGD_WARMUP) if method.name == "powersgd" else requested
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    "single": StrategySpec("single", "ddp"),  # world size 1: the Trainer starts no process group at all
+    "ddp": StrategySpec("ddp", "ddp"),  # torch DDP; with a suffix, torch's fp16/bf16/PowerSGD comm hooks
+    "horovod": StrategySpec("horovod", "horovod"),  # DistributedOptimizer; with a suffix, its Compression
     # N copies of the baseline at once on this machine, no communication: the ceiling the machine allows
     # (CPU clock under all-core load, shared caches and memory bandwidth, other users), not a way to train
-    "independent": ("ddp", False),
+    "independent": StrategySpec("independent", "ddp"),
     # N ranks of one job that train their own copies and wait for each other once per step, exchanging
     # 4 bytes: the cost of lockstep alone, measured (ringtrain.bench.barrier), not a way to train
-    "barrier": ("horovod", False),
+    "barrier": StrategySpec("barrier", "horovod"),
 }
-"""Strategy names ``--strategies`` accepts."""
+"""The plain names ``--strategies`` accepts; ``ddp`` and ``horovod`` also take a suffix for how gradients
+travel (:func:`strategy_spec` reads them)."""
 INDEPENDENT = "independent"
 BARRIER = "barrier"
 #: Strategies that measure the machine rather than compete: no model validation, no projection.
 REFERENCES = frozenset({INDEPENDENT, BARRIER})
 
 BASELINE = "single"
+#: The strategies a suffix applies to: the data-parallel ones.
+SUFFIXED = ("ddp", "horovod")
+STRATEGY_HINT = ("choose from single, ddp, horovod, independent, barrier, or ddp / horovod with a suffix "
+                 "-fp16, -bf16, -powersgd (rank 4) or -powersgdR, -localsgdH or -dilocoH (averaging every "
+                 "H steps), e.g. --strategies single,horovod,horovod-powersgd4,horovod-localsgd8")
+
+
+def strategy_spec(name: str) -> StrategySpec:
+    """What the strategy ``name`` means; a ValueError names the value and the fix."""
+    name = name.strip()
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    match = _NAME.fullmatch(name)
+    if match is None or match["kind"] is None:
+        raise ValueError(f"{name!r} is not a strategy. HINT: {STRATEGY_HINT}.")
+    base, kind, digits = match["base"], match["kind"], match["number"]
+    suffix = name.partition("-")[2]
+    if base not in SUFFIXED:
+        what = ("the single-process baseline" if base == BASELINE else "a reference that exchanges no "
+                "gradients" if base in REFERENCES else "not a strategy")
+        raise ValueError(f"{name!r}: only ddp and horovod take a suffix (-{suffix}); {base!r} is {what}. "
+                         f"HINT: write ddp-{suffix} or horovod-{suffix}.")
+    number = int(digits) if digits else None
+    if kind in ("fp16", "bf16"):
+        if number is not None:
+            raise ValueError(f"{name!r}: -{kind} takes no number. HINT: write {base}-{kind}.")
+        return StrategySpec(f"{base}-{kind}", base, Method(kind))
+    if kind == "powersgd":
+        rank = DEFAULT_POWERSGD_RANK if number is None else number
+        if rank < 1:
+            raise ValueError(f"{name!r}: PowerSGD's rank must be at least 1. HINT: write e.g. "
+                             f"{base}-powersgd4 (rank 4; -powersgd alone is rank {DEFAULT_POWERSGD_RANK}).")
+        return StrategySpec(f"{base}-powersgd{rank}", base, Method("powersgd", rank=rank))
+    if kind in ("localsgd", "diloco"):
+        if number is None or number < 1:
+            given = "none given" if number is None else f"{number} given"
+            raise ValueError(f"{name!r}: -{kind} needs the steps between two averagings, at least 1 "
+                             f"({given}). HINT: write e.g. {base}-{kind}8 (an averaging every 8 steps).")
+        if kind == "diloco":
+            return StrategySpec(f"{base}-diloco{number}", base, local_sgd(number), DILOCO_OUTER_LR,
+                                DILOCO_OUTER_MOMENTUM)
+        return StrategySpec(f"{base}-localsgd{number}", base, local_sgd(number))
+    raise ValueError(f"{name!r}: -{suffix} is not a suffix of {base}. HINT: {STRATEGY_HINT}.")
+
+
+def method_of(strategy: str) -> Method | None:
+    """How a competitor's gradients travel, or None for a name that is not a built-in strategy (a
+    script's runs, a name of a newer ringtrain in an old result file)."""
+    try:
+        return strategy_spec(strategy).method
+    except ValueError:
+        return None
 
 
 def is_competitor(strategy: str) -> bool:
@@ -90,15 +210,17 @@ def parse_np(text: str) -> tuple[int, ...]:
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
-    """``"single,horovod"`` -> the names in the given order; unknown names are a UsageError."""
+    """``"single,horovod-powersgd"`` -> the names in the given order, as tables show them
+    (``horovod-powersgd4``), each once; an unknown or malformed name is a UsageError."""
     names = []
     for part in text.split(","):
-        name = part.strip()
-        if not name:
+        word = part.strip()
+        if not word:
             continue
-        if name not in STRATEGIES:
-            raise UsageError(f"--strategies {text}: {name!r} is not a strategy. HINT: choose from "
-                             f"{','.join(STRATEGIES)}, e.g. --strategies single,ddp,horovod.")
+        try:
+            name = strategy_spec(word).name
+        except ValueError as exc:
+            raise UsageError(f"--strategies {text}: {exc}") from None
         if name not in names:
             names.append(name)
     if not names:
@@ -185,6 +307,12 @@ class BenchSettings:
                              "HINT: use e.g. --timeout 1800.")
         if self.workload is None:
             self._check_script_flags()
+        else:
+            for name in self.strategies:
+                try:
+                    strategy_spec(name)
+                except ValueError as exc:
+                    raise UsageError(f"--strategies {','.join(self.strategies)}: {exc}") from None
         if self.hosts:
             slots = sum(h.slots for h in self.hosts)
             too_many = [n for n in self.nps if n > slots]
@@ -238,6 +366,27 @@ class BenchSettings:
             return None
         return self.steps if self.steps is not None else DEFAULT_STEPS
 
+    def steps_of(self, strategy: str) -> tuple[int, int | None]:
+        """(warm-up steps, timed steps or None with --epochs) of a run of ``strategy``: PowerSGD's warm-up
+        covers its uncompressed steps, Local SGD times whole averaging periods (:class:`StrategySpec`)."""
+        if self.is_script or strategy not in self.run_strategies:
+            return self.warmup_steps, self.timed_steps()
+        spec = strategy_spec(strategy)
+        return spec.warmup_steps(self.warmup_steps), spec.timed_steps(self.timed_steps())
+
+    def strategy_settings(self) -> dict[str, dict[str, Any]]:
+        """What each built-in strategy of the sweep runs with (for scaling.json): the Trainer's settings,
+        the exchange method, and the warm-up and timed steps its runs take."""
+        if self.is_script:
+            return {}
+        out = {}
+        for name in self.run_strategies:
+            spec = strategy_spec(name)
+            warmup, steps = self.steps_of(name)
+            out[name] = {**spec.trainer_settings(), "method": spec.method.label, "warmup_steps": warmup,
+                         "steps": steps}
+        return out
+
     def threads_per_process(self, cores: int) -> int:
         """torch threads of every process: as given, else the cores shared by the most local ranks."""
         if self.threads is not None:
@@ -258,7 +407,8 @@ class BenchSettings:
                 "subset": self.subset, "threads": self.threads, "seed": self.seed,
                 "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
                 "launcher_options": list(self.launcher_options), "timeout_s": self.timeout_s,
-                "link_note": self.link_note, "project": self.project, "validate": self.validate}
+                "link_note": self.link_note, "project": self.project, "validate": self.validate,
+                "strategy_settings": self.strategy_settings()}
 
 
 def _lcm(values: Sequence[int]) -> int:
@@ -291,15 +441,16 @@ class RunSpec:
 
 def worker_spec(settings: BenchSettings, strategy: str, np: int, threads: int) -> dict[str, Any]:
     """What ``python -m ringtrain.bench.worker`` runs (its ``--spec`` JSON)."""
-    trainer_strategy, fp16 = STRATEGIES[strategy]
+    spec = strategy_spec(strategy)
+    warmup, steps = settings.steps_of(strategy)
     batch = settings.batch_size
     if settings.scaling == "strong" and batch is not None:
         batch //= np
-    return {"workload": settings.workload, "arch": settings.arch, "strategy": trainer_strategy,
-            "fp16_allreduce": fp16, "bench_strategy": strategy, "batch_size": batch,
+    return {"workload": settings.workload, "arch": settings.arch, **spec.trainer_settings(),
+            "bench_strategy": strategy, "batch_size": batch,
             "strong_scaling_over": np if settings.scaling == "strong" else None,
-            "steps": settings.timed_steps(), "epochs": settings.epochs,
-            "warmup_steps": settings.warmup_steps, "threads": threads, "data_dir": settings.data_dir,
+            "steps": steps, "epochs": settings.epochs,
+            "warmup_steps": warmup, "threads": threads, "data_dir": settings.data_dir,
             "subset": settings.subset, "seed": settings.seed, "phases": strategy == BASELINE}
 
 

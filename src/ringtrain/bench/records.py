@@ -278,6 +278,19 @@ class Row:
     timed_seconds: float | None = None
     """The shortest timed part of the good repeats: the reported seconds (of the slowest rank), else
     the wall time minus start-up, else the wall time. Under ``SHORT_RUN_S``: ``too_short``."""
+    method: str | None = None
+    """How the row's gradients travel (``fp32``, ``fp16``, ``powersgd:4``, ``localsgd:8``), as its ranks
+    reported it; None for the baseline, the references and a script."""
+    wire_bytes_per_step: float | None = None
+    """Bytes one rank handed to allreduces per optimizer step (Local SGD: one averaging's bytes over its
+    steps), as its ranks reported them (``ringtrain.exchange.wire_cost``)."""
+    compression_ratio: float | None = None
+    """fp32 gradient bytes over ``wire_bytes_per_step``: how many times fewer bytes than fp32 gradients."""
+    warmup_steps: int | None = None
+    """The untimed steps its runs took (more than ``--warmup-steps`` for PowerSGD, whose first steps are
+    uncompressed)."""
+    steps: int | None = None
+    """The timed steps of its runs (the fewest of the good repeats; Local SGD: whole averaging periods)."""
 
     @property
     def unsteady(self) -> bool:
@@ -358,6 +371,21 @@ def _fill(row: Row, runs: list[Measurement], startup: dict[int, float] | None) -
     # without reports, the timed part is what the speedup compares: wall time (net when measured)
     timed = [m.seconds for m in good if m.seconds is not None] if rates else walls
     row.timed_seconds = min(timed) if timed else None
+    counts = [m.steps for m in good if m.steps]
+    row.steps = min(counts) if counts else None
+    _fill_wire(row, good)
+
+
+def _fill_wire(row: Row, good: list[Measurement]) -> None:
+    """The row's exchange as its ranks reported it (every rank and repeat of a row reports the same)."""
+    for body in (b for m in good for b in m.reports):
+        if body.get("method") is not None or body.get("wire_bytes_per_step") is not None:
+            row.method = body.get("method")
+            row.wire_bytes_per_step = body.get("wire_bytes_per_step")
+            row.compression_ratio = body.get("compression_ratio")
+            break
+    warmups = [int(b["warmup_steps"]) for m in good for b in m.reports if _number(b.get("warmup_steps"))]
+    row.warmup_steps = max(warmups) if warmups else None
 
 
 def _compare(row: Row, base: Row, runs: list[Measurement]) -> None:

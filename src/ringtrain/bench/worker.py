@@ -1,10 +1,12 @@
 """One process of a built-in workload's benchmark run: ``python -m ringtrain.bench.worker --spec JSON``.
 
 The baseline runs it as a plain process; the other runs start it on every rank through ``ringtrain
-run``. It trains with the same ``Trainer`` as ``ringtrain train`` (no evaluation), times every
-optimizer step, leaves the warm-up steps out, and reports through :func:`ringtrain.bench.report`.
-The baseline also times forward, backward and optimizer step apart (the projection model needs
-the backward share of a step).
+run``. It trains with the same ``Trainer`` as ``ringtrain train`` (no evaluation), with the spec's
+way of exchanging gradients (``compression``, Local SGD's ``sync_every`` and outer optimizer), times
+every optimizer step, leaves the warm-up steps out (at least PowerSGD's uncompressed ones), and reports
+through :func:`ringtrain.bench.report`, with the bytes its method hands to allreduces per step. The
+baseline also times forward, backward and optimizer step apart (the projection model needs the
+backward share of a step) and lists the parameters' shapes (the model's bytes for every method).
 
 Bad input exits 2 with the message on stderr; anything else is a crash with its traceback.
 """
@@ -28,10 +30,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ringtrain.bench.barrier import BarrierStrategy
 from ringtrain.bench.hook import ENV_VAR, parameters_digest, report
 from ringtrain.bench.machine import boot_id, cpu_model
-from ringtrain.bench.plan import BARRIER
+from ringtrain.bench.plan import BARRIER, warmup_for
 from ringtrain.env.allocator import allocator_state
 from ringtrain.env.binding import binding_state
 from ringtrain.env.cores import usable_cores
+from ringtrain.exchange import Method, local_sgd, parse_compression, wire_cost
 
 #: Timed steps whose durations the report lists (``ringtrain bench`` derives the lockstep ceiling of
 #: independent copies from them); past that, a report line would grow by ~8 bytes a step for nothing.
@@ -67,6 +70,46 @@ def step_plan(items: int, world: int, batch: int, warmup: int, steps: int | None
     assert epochs is not None
     in_epoch = [min(batch, per_rank - j * batch) for j in range(math.ceil(per_rank / batch))]
     return epochs, None, in_epoch * epochs
+
+
+def exchange_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``TrainerConfig`` fields of how gradients travel, from a spec. Specs written before the other
+    methods existed say ``fp16_allreduce`` (a bool) instead of ``compression``."""
+    compression = spec.get("compression") or ("fp16" if spec.get("fp16_allreduce") else "none")
+    return {"compression": compression, "sync_every": spec.get("sync_every"),
+            "outer_lr": float(spec.get("outer_lr", 1.0)),
+            "outer_momentum": float(spec.get("outer_momentum", 0.0))}
+
+
+def exchange_method(exchange: dict[str, Any]) -> Method:
+    """The :class:`~ringtrain.exchange.Method` of :func:`exchange_settings`' fields."""
+    if exchange["sync_every"]:
+        return local_sgd(int(exchange["sync_every"]))
+    return parse_compression(exchange["compression"])
+
+
+def whole_periods(steps: int, sync_every: int | None) -> int:
+    """Of ``steps`` timed steps, those in whole Local SGD periods (all of them without Local SGD): the
+    planned count is already a multiple of the period, but a run cut into equal epochs may run a few more.
+    Fewer than one period: all of them (the report's steps then say how short the run was)."""
+    if not sync_every or steps < sync_every:
+        return steps
+    return steps - steps % sync_every
+
+
+def wire_report(shapes: list[tuple[int, ...]], method: Method, world: int,
+                strategy: str | None) -> dict[str, Any]:
+    """What this rank hands to allreduces per optimizer step (``wire_bytes_per_step``), how many times
+    fewer bytes than fp32 gradients that is (``compression_ratio``) and the method's label (``fp32``,
+    ``powersgd:4``, ``localsgd:8``). A run that exchanges no gradients (one process, the barrier's 4
+    bytes) has no ratio and no method."""
+    if world <= 1:
+        return {"wire_bytes_per_step": 0.0, "compression_ratio": None, "method": None}
+    if strategy == BARRIER:
+        return {"wire_bytes_per_step": 4.0, "compression_ratio": None, "method": None}
+    cost = wire_cost(shapes, method)
+    return {"wire_bytes_per_step": cost.bytes_per_step, "compression_ratio": cost.ratio,
+            "method": method.label}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -124,13 +167,14 @@ def run(spec: dict[str, Any]) -> str:
     if spec.get("strong_scaling_over") and not spec.get("batch_size"):
         batch = max(1, d.batch_size // spec["strong_scaling_over"])
     optimizer = build_optimizer(d.optimizer, model.parameters(), d.lr, d.momentum, d.weight_decay)
-    warmup = int(spec.get("warmup_steps", 0))
+    exchange = exchange_settings(spec)
+    method = exchange_method(exchange)
+    warmup = warmup_for(method, int(spec.get("warmup_steps", 0)))  # the plan's already; a hand-made spec too
     epochs, per_epoch, step_items = step_plan(len(train_ds), world, batch, warmup, spec.get("steps"),
                                               spec.get("epochs"))
-    config = TrainerConfig(epochs=epochs, batch_size=batch, strategy=spec["strategy"],
-                           fp16_allreduce=bool(spec.get("fp16_allreduce")), seed=spec.get("seed", 0),
-                           threads=spec.get("threads"), progress=False, max_steps_per_epoch=per_epoch,
-                           task=workload.task, device=spec.get("device"))
+    config = TrainerConfig(epochs=epochs, batch_size=batch, strategy=spec["strategy"], **exchange,
+                           seed=spec.get("seed", 0), threads=spec.get("threads"), progress=False,
+                           max_steps_per_epoch=per_epoch, task=workload.task, device=spec.get("device"))
     stamps: list[float] = []
 
     def stamp(trainer: Trainer) -> None:
@@ -156,13 +200,20 @@ def run(spec: dict[str, Any]) -> str:
         raise RuntimeError(f"only {len(stamps)} steps ran, not more than the {warmup} warm-up steps")
     # the timed part starts when the last warm-up step ends (or when training starts, without warm-up)
     t0 = stamps[warmup - 1] if warmup else start
-    seconds = stamps[-1] - t0
     timed = len(stamps) - warmup
-    items = sum(step_items[warmup:len(stamps)])
-    durations = [b - a for a, b in zip([t0, *stamps[warmup:-1]], stamps[warmup:])]
+    if spec.get("steps") is not None:  # with --epochs the timed part is whole epochs instead
+        timed = whole_periods(timed, method.sync_every)
+    kept = stamps[:warmup + timed]  # Local SGD: a step or two past the last whole period left out
+    seconds = kept[-1] - t0
+    items = sum(step_items[warmup:len(kept)])
+    durations = [b - a for a, b in zip([t0, *kept[warmup:-1]], kept[warmup:])]
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    wire = wire_report(shapes, method, world, spec.get("bench_strategy"))
+    if spec.get("phases"):  # the baseline: the shapes give the cost model every method's bytes
+        wire["parameter_shapes"] = [list(shape) for shape in shapes]
     digest = parameters_digest(model)
-    return report(items=items, seconds=seconds, steps=timed, gradient_bytes=gradient_bytes,
+    return report(items=items, seconds=seconds, steps=timed, gradient_bytes=gradient_bytes, **wire,
                   warmup_steps=warmup, batch_size=batch, step_seconds_median=statistics.median(durations),
                   step_seconds_max=max(durations), items_per_epoch=math.ceil(len(train_ds) / world) * world,
                   steps_per_epoch=len(step_items) // epochs if spec.get("epochs") else None,

@@ -34,6 +34,8 @@ def register(subparsers: Any) -> None:
         epilog="examples:  ringtrain bench mnist --np 1,2,4 --steps 100\n"
                "           ringtrain bench synthetic --arch resnet18 --batch-size 32 --np 1,2 "
                "--strategies horovod,horovod-fp16,ddp,ddp-fp16\n"
+               "           ringtrain bench synthetic --arch resnet18 --np 1,2 --project "
+               "--strategies horovod,horovod-powersgd4,horovod-localsgd8   # which method pays\n"
                "           ringtrain bench --np 1,2 -- python examples/horovod_mnist.py --epochs 2\n"
                "           ringtrain bench mnist --np 1,2 --project --validate   # with the cost model\n"
                "           ringtrain bench --validate results/1gbit results/100mbit\n"
@@ -44,9 +46,13 @@ def register(subparsers: Any) -> None:
                         "synthetic-ratings), or the program to run after --")
     p.add_argument("--np", default="1,2", help="comma-separated process counts (1,2)")
     p.add_argument("--strategies", default="single,ddp,horovod",
-                   help=f"competitors, comma-separated, from {','.join(STRATEGIES)} (single,ddp,horovod); "
-                        "the single-process baseline always runs; independent and barrier are references "
-                        "that measure the machine (no communication / lockstep alone), not competitors")
+                   help=f"competitors, comma-separated, from {', '.join(STRATEGIES)} (single,ddp,horovod); "
+                        "ddp and horovod take a suffix for how gradients travel: -fp16, -bf16, -powersgd "
+                        "(rank 4) or -powersgdR, -localsgdH (Local SGD, averaging every H steps), -dilocoH "
+                        "(DiLoCo: outer lr 0.7, Nesterov momentum 0.9), e.g. horovod-powersgd4,ddp-powersgd4,"
+                        "horovod-localsgd8,horovod-diloco8; the single-process baseline always runs; "
+                        "independent and barrier are references that measure the machine (no communication "
+                        "/ lockstep alone), not competitors")
     p.add_argument("--steps", type=_int, help=f"timed optimizer steps per run ({DEFAULT_STEPS})")
     p.add_argument("--epochs", type=_int, help="time whole epochs instead of --steps")
     p.add_argument("--warmup-steps", type=_int, default=DEFAULT_WARMUP,
