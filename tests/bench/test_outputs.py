@@ -257,3 +257,93 @@ def test_csv_and_json_record_the_timed_part_and_a_short_row(tmp_path):
     write_json(sample_body(), tmp_path / "scaling.json")
     saved = json.loads((tmp_path / "scaling.json").read_text())["rows"][0]
     assert (saved["timed_seconds"], saved["too_short"]) == (1.0, True)
+
+
+def _row_of(text: str, strategy: str) -> list[str]:
+    return next(line.split() for line in text.splitlines() if line.split()[1:2] == [strategy])
+
+
+def test_a_sweep_of_fp32_and_fp16_keeps_its_table_without_wire_columns():
+    body = sample_body()  # ddp and horovod-fp16
+    annotate(body)
+    header = next(line for line in table_text(body).splitlines() if line.startswith("processes"))
+    assert "wire/step" not in header
+    assert "vs fp32" not in header
+
+
+def test_powersgd_and_local_sgd_get_the_bytes_on_the_wire_and_their_ratio():
+    from tests.bench.helpers import method_sweep
+
+    body = method_sweep()
+    annotate(body)
+    text = table_text(body)
+    header = next(line for line in text.splitlines() if line.startswith("processes"))
+    assert header.split()[-5:] == ["wire/step", "vs", "fp32", "model", "status"]
+    # fp32: 1,115,392 bytes; PowerSGD rank 4: 26,880 (41.5x fewer); Local SGD every 8: one eighth
+    assert _row_of(text, "horovod")[8:11] == ["1.12", "MB", "1.0x"]
+    assert _row_of(text, "horovod-powersgd4")[8:11] == ["26.9", "kB", "41.5x"]
+    assert _row_of(text, "horovod-localsgd8")[8:11] == ["139", "kB", "8.0x"]
+    assert _row_of(text, "single")[8:10] == ["-", "-"]  # one process sends nothing
+    assert "vs fp32: how many times fewer than fp32 gradients" in text
+    assert ("warm-up: horovod-powersgd4 took 12 steps, not 5: PowerSGD sends its first 10 steps "
+            "uncompressed") in text
+    assert "timed steps: horovod-localsgd8 timed 16, not 10: whole averaging periods of 8 steps" in text
+    rows = {r["strategy"]: r for r in csv.DictReader(io.StringIO(csv_text(body)))}
+    assert tuple(next(iter(rows.values()))) == CSV_COLUMNS
+    assert (rows["horovod-powersgd4"]["method"], rows["horovod-powersgd4"]["wire_bytes_per_step"],
+            rows["horovod-powersgd4"]["warmup_steps"]) == ("powersgd:4", "26880", "12")
+    assert float(rows["horovod-localsgd8"]["compression_ratio"]) == 8.0
+    assert (rows["single"]["method"], rows["single"]["compression_ratio"]) == ("", "")
+    saved = {r["strategy"]: r for r in body["rows"]}
+    assert saved["horovod-powersgd4"]["compression_ratio"] == pytest.approx(1_115_392 / 26_880)
+
+
+def test_the_projection_has_a_table_per_method_and_says_which_pays():
+    from tests.bench.helpers import method_sweep
+
+    body = method_sweep()
+    annotate(body)
+    text = projection_text(body)
+    assert "fp32 gradients:" in text
+    assert "powersgd:4 (PowerSGD, rank-4 factors, 41.5x fewer bytes than fp32, 2 allreduce rounds" in text
+    assert "localsgd:8 (Local SGD / DiLoCo: fp32 parameter deltas averaged every 8 steps" in text
+    pays = text[text.index("METHOD THAT PAYS"):].splitlines()
+    assert ("of fp32, powersgd:4, localsgd:8, the one with the shortest step, where it beats fp32 by 5%"
+            in pays[0])
+    assert [line.split()[0] for line in pays[1:6]] == ["25GbE:", "100GbE:", "IB-HDR200:", "NVLink4:",
+                                                        "measured:"]
+    measured = body["method_that_pays"][-1]["points"]
+    assert all(p["pays"] in ("fp32", "localsgd:8") for p in measured)
+    # the spans of the line are those of the points, from 8 to 1,024 ranks
+    assert pays[5].split(":", 1)[1].strip().startswith("fp32 at 8-")
+    assert "localsgd:8 at " in pays[5]
+    assert pays[5].endswith("x fp32's speed)")
+    assert pays[-1].startswith("step time only")
+
+
+def test_the_pays_line_turns_points_into_ranges_of_ranks():
+    from ringtrain.bench.outputs import pays_text
+
+    def point(ranks, pays):
+        return {"ranks": ranks, "fastest": pays, "pays": pays, "step_s": {"fp32": 0.2, "fp16": 0.15,
+                                                                           "powersgd:4": 0.1}}
+
+    body = {"method_that_pays": [{"interconnect": "25GbE", "points": [
+        point(8, "fp32"), point(16, "fp32"), point(32, "fp16"), point(64, "powersgd:4"),
+        point(128, "powersgd:4"), point(1024, "powersgd:4")]}]}
+    _, line, _ = pays_text(body)
+    assert line == ("  25GbE:  fp32 at 8-16, fp16 at 32, powersgd:4 at 64-1,024 ranks (1,024 ranks: 2.0x "
+                    "fp32's speed)")
+    assert pays_text({}) == []
+
+
+def test_projection_entries_of_an_earlier_sweep_still_print():
+    body = sample_body()
+    annotate(body)
+    for entry in body["projection"]:  # as written before the other methods: fp16 only
+        del entry["method"]
+    body["method_that_pays"] = []
+    text = projection_text(body)
+    assert "fp32 gradients:" in text
+    assert "fp16 gradients:" in text
+    assert "METHOD THAT PAYS" not in text

@@ -92,3 +92,37 @@ def test_without_project_there_is_no_projection_panel():
         assert len(fig.axes) == 2
     finally:
         plt.close(fig)
+
+
+def test_every_projected_method_has_its_own_line_style_and_the_legend_names_them():
+    pytest.importorskip("matplotlib")
+    from tests.bench.helpers import method_sweep
+
+    styles = plot.method_styles(["fp32", "powersgd:4", "localsgd:8", "fp16", "localsgd:8"])
+    assert list(styles) == ["fp32", "powersgd:4", "localsgd:8", "fp16"]
+    assert styles["fp32"] == ("--", "dashed")  # fp32 and fp16 keep the styles of earlier plots
+    assert styles["fp16"] == (":", "dotted")
+    assert len({style for style, _ in styles.values()}) == len({name for _, name in styles.values()}) == 4
+    body = method_sweep()
+    annotate(body)
+    title, labels, drawn = _projection_legend(body)
+    assert title == "dashed fp32, dash-dot powersgd:4, long-dashed localsgd:8"
+    assert set(labels) == set(drawn)
+    assert {"25GbE", "25GbE powersgd:4", "25GbE localsgd:8"} <= set(drawn)
+    assert drawn["25GbE"].get_linestyle() == "--"
+    assert drawn["25GbE powersgd:4"].get_linestyle() == "-."
+    # the same method on every interconnect: one style
+    local = [line for label, line in drawn.items() if label.endswith("localsgd:8")]
+    assert len(local) == 5
+    assert len({tuple(line._unscaled_dash_pattern[1]) for line in local}) == 1
+
+
+def test_an_earlier_sweeps_projection_is_still_drawn():
+    pytest.importorskip("matplotlib")
+    body = sample_body()
+    annotate(body)
+    for entry in body["projection"]:
+        del entry["method"]  # as written before the other methods: fp16 only
+    title, labels, drawn = _projection_legend(body)
+    assert title == "dashed fp32, dotted fp16 gradients"
+    assert "NVLink4 fp16" in drawn

@@ -25,8 +25,8 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "mnist"
     # the fewest steps that still give every run a median and a tail of its step times
     result = _bench("mnist", "--np", "1,2", "--steps", "4", "--warmup-steps", "1", "--repeats", "1",
-                    "--strategies", "single,independent,barrier,ddp,horovod", "--project", "--validate",
-                    "--out", str(out))
+                    "--strategies", "single,independent,barrier,ddp,horovod,horovod-powersgd4,ddp-diloco2",
+                    "--project", "--validate", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bench: estimate (not a measurement): about" in result.stderr
     table = result.stdout
@@ -43,7 +43,8 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     assert body["link"]["beta_bytes_per_s"] > 0
     assert len(body["link"]["samples"]) >= 2
     runs = {r["strategy"]: r for r in body["runs"]}
-    assert set(runs) == {"single", "independent", "barrier", "ddp", "horovod"}
+    competitors = {"ddp", "horovod", "horovod-powersgd4", "ddp-diloco2"}
+    assert set(runs) == {"single", "independent", "barrier", *competitors}
     for run in runs.values():
         assert run["status"] == "ok"
         assert run["items_per_second"] > 0
@@ -61,7 +62,7 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     assert 0 < rows["independent"]["lockstep_efficiency"] <= rows["independent"]["efficiency"] + 1e-9
     assert "lockstep ceiling at 2 processes: efficiency" in table
     assert rows["horovod"]["lockstep_efficiency"] is None
-    assert {e["strategy"] for e in body["validation"]} == {"ddp", "horovod"}
+    assert {e["strategy"] for e in body["validation"]} == competitors
     # the barrier ranks measured what lockstep costs: the model's compute slow-down comes from them
     assert {e["compute_factor_from"] for e in body["validation"]} == {"barrier"}
     assert "barrier at 2 processes: efficiency" in table
@@ -73,12 +74,29 @@ def test_mnist_sweep_writes_table_json_csv_and_plot(tmp_path):
     digests = {s: [r["parameters_digest"] for r in run["reports"]] for s, run in runs.items()}
     assert digests["horovod"][0] == digests["horovod"][1]
     assert digests["ddp"][0] == digests["ddp"][1]
+    assert digests["horovod-powersgd4"][0] == digests["horovod-powersgd4"][1]
+    assert digests["ddp-diloco2"][0] == digests["ddp-diloco2"][1]  # averaged at the epoch's end
+    # PowerSGD's uncompressed steps are not timed; Local SGD times whole averaging periods
+    powersgd, diloco, fp32 = (runs[s]["reports"][0] for s in ("horovod-powersgd4", "ddp-diloco2", "horovod"))
+    assert powersgd["warmup_steps"] == 12
+    assert "warm-up: horovod-powersgd4 took 12 steps, not 1" in table
+    assert runs["ddp-diloco2"]["steps"] % 2 == 0
+    # what each method put on the wire, in the reports, the rows and the table's extra columns
+    assert fp32["wire_bytes_per_step"] == fp32["gradient_bytes"]
+    assert (powersgd["method"], diloco["method"]) == ("powersgd:4", "localsgd:2")
+    assert powersgd["compression_ratio"] > 1
+    assert diloco["wire_bytes_per_step"] == fp32["gradient_bytes"] / 2
+    assert rows["ddp-diloco2"]["compression_ratio"] == 2.0
+    assert "wire/step" in table
+    assert {p["method"] for p in body["projection"]} == {"fp32", "powersgd:4", "localsgd:2"}
+    assert "METHOD THAT PAYS" in table
+    assert {e["interconnect"] for e in body["method_that_pays"]} >= {"25GbE", "measured"}
     assert digests["barrier"][0] != digests["barrier"][1]
     assert {p["interconnect"] for p in body["projection"]} >= {"25GbE", "100GbE", "IB-HDR200", "NVLink4"}
     with (out / "scaling.csv").open() as fp:
         csv_rows = list(csv.DictReader(fp))
     assert tuple(csv_rows[0]) == CSV_COLUMNS
-    assert len(csv_rows) == 5
+    assert len(csv_rows) == 7
     ceiling = rows["independent"]["lockstep_efficiency"]
     assert float(csv_rows[1]["lockstep_efficiency"]) == pytest.approx(ceiling, rel=1e-5)
     assert (out / "scaling.png").read_bytes().startswith(PNG)
@@ -115,6 +133,9 @@ def test_a_user_script_is_benchmarked_with_its_reports(tmp_path):
     (["mnist", "--np", "0,2"], "--np 0,2"),
     (["mnist", "--np", "1,x"], "--np 1,x: 'x'"),
     (["mnist", "--strategies", "single,dpp"], "'dpp' is not a strategy"),
+    (["mnist", "--strategies", "horovod,horovod-powersgd0"], "'horovod-powersgd0': PowerSGD's rank must be"),
+    (["mnist", "--strategies", "ddp-localsgd"], "'ddp-localsgd': -localsgd needs the steps between"),
+    (["mnist", "--strategies", "foo"], "--strategies foo: 'foo' is not a strategy"),
     (["mnist", "--epochs", "1", "--steps", "5"], "--steps 5 and --epochs 1"),
     (["mnsit", "--np", "1,2"], "'mnsit' is neither a built-in workload"),
     (["mnist", "--np", "1,3", "--scaling", "strong", "--batch-size", "64"], "does not split evenly over 3"),
@@ -176,6 +197,28 @@ def test_projection_and_validation_are_opt_in(monkeypatch):
     assert alone.validate
     assert not alone.project
     assert not _settings_of(monkeypatch, "mnist", "--project", "--no-link-probe").probes_link
+
+
+def test_every_method_reaches_the_sweep_by_its_strategy_name(monkeypatch):
+    settings = _settings_of(monkeypatch, "mnist", "--strategies",
+                            "horovod,horovod-powersgd,ddp-powersgd8,horovod-localsgd8,horovod-diloco8")
+    assert settings.strategies == ("horovod", "horovod-powersgd4", "ddp-powersgd8", "horovod-localsgd8",
+                                   "horovod-diloco8")
+    assert settings.steps_of("ddp-powersgd8") == (12, 50)
+    assert settings.steps_of("horovod-diloco8") == (5, 56)
+
+
+def test_help_lists_the_strategy_names(capsys):
+    import re
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    # argparse wraps help text at hyphens and spaces: undo both before looking for a name
+    text = re.sub(r"\s+", " ", re.sub(r"-\n\s+", "-", capsys.readouterr().out))
+    for name in ("single, ddp, horovod, independent, barrier", "-fp16", "-bf16", "-powersgdR", "-localsgdH",
+                 "-dilocoH", "horovod-powersgd4", "horovod-localsgd8"):
+        assert name in text
 
 
 def test_validate_given_a_workload_says_where_the_flag_goes(capsys):

@@ -19,15 +19,17 @@ from typing import Any
 from ringtrain.bench.hook import TAG
 from ringtrain.bench.link import LinkFit, format_rate
 from ringtrain.bench.machine import one_line
-from ringtrain.bench.plan import BARRIER, is_competitor
+from ringtrain.bench.model import PAYS_MARGIN
+from ringtrain.bench.plan import BARRIER, POWERSGD_PLAIN_STEPS, is_competitor, method_of
 from ringtrain.bench.records import SHORT_RUN_S, SPREAD_WARNING
 
 CSV_COLUMNS = ("workload", "strategy", "processes", "scaling", "runs", "failed", "seconds_per_step",
                "step_seconds_p50", "step_seconds_p95", "seconds_per_epoch", "wall_seconds",
                "items_per_second", "items_per_second_min", "items_per_second_max", "speedup", "efficiency",
                "spread", "speedup_from", "model_efficiency", "lockstep_efficiency", "status", "rank_spread",
-               "startup_seconds", "net_wall_seconds", "unsteady", "timed_seconds", "too_short")
-"""scaling.csv's header, in order."""
+               "startup_seconds", "net_wall_seconds", "unsteady", "timed_seconds", "too_short", "method",
+               "wire_bytes_per_step", "compression_ratio", "warmup_steps")
+"""scaling.csv's header, in order (columns added later go last: a reader by position keeps working)."""
 
 
 def _umask() -> int:
@@ -97,7 +99,9 @@ def csv_text(body: dict[str, Any]) -> str:
                          _num(row.get("lockstep_efficiency")), row["status"], _num(row.get("rank_spread")),
                          _num(row.get("startup_seconds")), _num(row.get("net_wall_seconds")),
                          "yes" if row.get("unsteady") else "", _num(row.get("timed_seconds")),
-                         "yes" if row.get("too_short") else ""])
+                         "yes" if row.get("too_short") else "", row.get("method") or "",
+                         _num(row.get("wire_bytes_per_step")), _num(row.get("compression_ratio")),
+                         "" if row.get("warmup_steps") is None else row["warmup_steps"]])
     return buffer.getvalue()
 
 
@@ -148,10 +152,12 @@ def table_text(body: dict[str, Any]) -> str:
     has_model = any(r.get("model_efficiency") is not None for r in rows)
     has_tail = any(r.get("step_seconds_p95") is not None for r in rows)
     net_wall = any(r.get("net_wall_seconds") is not None for r in rows)
+    has_wire = shows_wire(rows)
     time_column = ("time/epoch" if per_epoch else "time/step" if has_items
                    else "wall - start-up" if net_wall else "wall time")
     header = ["processes", "strategy", time_column, *(["p95 step"] if has_tail else []), "items/s", "speedup",
-              "efficiency", "spread", *(["model"] if has_model else []), "status"]
+              "efficiency", "spread", *(["wire/step", "vs fp32"] if has_wire else []),
+              *(["model"] if has_model else []), "status"]
     table = [header]
     for r in rows:
         time_value = r.get("seconds_per_epoch") if per_epoch else r.get("seconds_per_step") if has_items \
@@ -165,6 +171,8 @@ def table_text(body: dict[str, Any]) -> str:
                 "-" if r.get("items_per_second") is None else f"{r['items_per_second']:,.1f}",
                 speedup, "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}",
                 _spread_cell(r)]
+        if has_wire:
+            line += wire_cells(r)
         if has_model:
             line.append("-" if r.get("model_efficiency") is None else f"{r['model_efficiency']:.2f}")
         line.append(r["status"])
@@ -180,7 +188,10 @@ def table_text(body: dict[str, Any]) -> str:
                     else "")
                  + ("; ! above 20%" if any(r.get("unsteady") for r in rows) else "")
                  + ("; p95 step: 95th percentile of every rank's step times" if has_tail else "")
+                 + ("; wire/step: bytes a rank hands to allreduces per step (Local SGD: an averaging's over "
+                    "its steps), vs fp32: how many times fewer than fp32 gradients" if has_wire else "")
                  + ("; model: the cost model's efficiency for that row (docs/bench.md)" if has_model else ""))
+    lines += step_notes(body)
     for r in rows:
         lockstep = r.get("lockstep_efficiency")
         if lockstep is not None:
@@ -197,6 +208,65 @@ def table_text(body: dict[str, Any]) -> str:
     if body.get("interrupted"):
         lines.append("interrupted: the table holds the runs finished before Ctrl-C")
     return "\n".join(lines) + "\n"
+
+
+#: Methods a sweep could always compare: a table of these alone keeps the columns it always had.
+_PLAIN_METHODS = frozenset({"none", "fp16"})
+
+
+def shows_wire(rows: list[dict[str, Any]]) -> bool:
+    """True when a competitor sends something other than fp32 or fp16 gradients every step (bf16,
+    PowerSGD, Local SGD): then the table gets the bytes on the wire and their ratio against fp32."""
+    for r in rows:
+        method = method_of(r["strategy"]) if is_competitor(r["strategy"]) else None
+        if method is not None and method.name not in _PLAIN_METHODS:
+            return True
+    return False
+
+
+def wire_cells(row: dict[str, Any]) -> list[str]:
+    """A row's ``wire/step`` and ``vs fp32`` cells (``-`` for the baseline, the references, a failure)."""
+    wire, ratio = row.get("wire_bytes_per_step"), row.get("compression_ratio")
+    if not is_competitor(row["strategy"]) or wire is None:
+        return ["-", "-"]
+    return [format_bytes(wire), "-" if ratio is None else format_ratio(ratio)]
+
+
+def format_ratio(ratio: float) -> str:
+    """``1.0x``, ``30.1x``, ``102x``: how many times fewer bytes than fp32."""
+    return f"{ratio:.1f}x" if ratio < 100 else f"{ratio:,.0f}x"
+
+
+def format_bytes(nbytes: float) -> str:
+    """``44.7 MB``, ``812 kB``, ``4 B`` (decimal units, three significant digits)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def step_notes(body: dict[str, Any]) -> list[str]:
+    """Where a strategy's runs took other warm-up or timed steps than the sweep's: PowerSGD's warm-up
+    covers its uncompressed steps, Local SGD times whole averaging periods."""
+    settings = body.get("settings", {})
+    asked = settings.get("warmup_steps")
+    warmups: dict[int, list[str]] = {}  # warm-up steps taken: the strategies that took them
+    for r in body.get("rows", []):
+        used = r.get("warmup_steps")
+        if asked is not None and used is not None and used > asked:
+            names = warmups.setdefault(used, [])
+            if r["strategy"] not in names:
+                names.append(r["strategy"])
+    lines = [f"warm-up: {', '.join(names)} took {used} steps, not {asked}: PowerSGD sends its first "
+             f"{POWERSGD_PLAIN_STEPS} steps uncompressed, and those are not what is measured"
+             for used, names in warmups.items()]
+    for name, planned in (settings.get("strategy_settings") or {}).items():
+        every, steps = planned.get("sync_every"), planned.get("steps")
+        if every and steps is not None and settings.get("steps") is not None and steps != settings["steps"]:
+            lines.append(f"timed steps: {name} timed {steps}, not {settings['steps']}: whole averaging "
+                         f"periods of {every} steps, so that every run holds as many averagings as steps / "
+                         f"{every}")
+    return lines
 
 
 def _single_repeat(row: dict[str, Any]) -> bool:
@@ -306,6 +376,26 @@ def barrier_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def projection_method(entry: dict[str, Any]) -> str:
+    """The method label of a projection entry (``fp32``, ``powersgd:4``); entries written before the
+    other methods existed say only ``fp16``."""
+    return str(entry.get("method") or ("fp16" if entry.get("fp16") else "fp32"))
+
+
+def _method_title(label: str, model: dict[str, Any]) -> str:
+    """What a projection table's method sends, in a few words."""
+    facts = (model.get("methods") or {}).get(label) or {}
+    if label.startswith("powersgd"):
+        rank = label.partition(":")[2]
+        ratio = f", {format_ratio(facts['ratio'])} fewer bytes than fp32" if facts.get("ratio") else ""
+        return f"{label} (PowerSGD, rank-{rank} factors{ratio}, 2 allreduce rounds per bucket):"
+    if label.startswith("localsgd"):
+        every = label.partition(":")[2]
+        return (f"{label} (Local SGD / DiLoCo: fp32 parameter deltas averaged every {every} steps, after "
+                "the step, none of it hidden):")
+    return f"{label} gradients:"
+
+
 def projection_text(body: dict[str, Any]) -> str:
     """The projection, set apart and labelled as a model's output, not a measurement."""
     projection = body.get("projection") or []
@@ -319,18 +409,56 @@ def projection_text(body: dict[str, Any]) -> str:
              f"from this machine's step time {model['compute_s'] * 1000:.1f} ms (backward "
              f"{100 * model['backward_share']:.0f}%), {model['gradient_bytes'] / 2**20:.1f} MiB of gradients "
              f"in {model['buckets']} bucket(s), ring allreduce overlapped with the backward pass."]
-    for fp16 in sorted({p["fp16"] for p in projection}):
+    for label in dict.fromkeys(projection_method(e) for e in projection):
         table = [["interconnect", *(str(p) for p in ranks), "link"]]
-        for entry in (e for e in projection if e["fp16"] == fp16):
+        for entry in (e for e in projection if projection_method(e) == label):
             cells = [f"{pt['efficiency']:.2f}" + ("*" if pt["latency_bound"] else "")
                      for pt in entry["points"]]
             link = f"{format_rate(entry['beta_bytes_per_s'])}, {entry['alpha_s'] * 1e6:.3g} us"
             table.append([entry["interconnect"], *cells, link])
-        lines += ["", f"{'fp16' if fp16 else 'fp32'} gradients:"]
+        lines += ["", _method_title(label, model)]
         lines += _align(table, right=set(range(1, len(ranks) + 1)))
     lines.append("* latency-bound: real libraries switch to tree or hierarchical allreduce there, so the "
                  "ring model is pessimistic")
+    pays = pays_text(body)
+    if pays:
+        lines += ["", *pays]
     return "\n".join(lines) + "\n"
+
+
+def _ranks_range(first: int, last: int) -> str:
+    return f"{first:,}" if first == last else f"{first:,}-{last:,}"
+
+
+def pays_text(body: dict[str, Any]) -> list[str]:
+    """Which method pays: per interconnect, the method the model's step time favours at each projected
+    size (``pays``: fp32 unless another is at least 5 % faster), as ranges of ranks, and its speed against
+    fp32's at the largest."""
+    pays = body.get("method_that_pays") or []
+    if not pays:
+        return []
+    labels = list(pays[0]["points"][0]["step_s"])
+    table = []
+    for entry in pays:
+        spans: list[tuple[str, int, int]] = []  # (method, first ranks, last ranks)
+        for point in entry["points"]:
+            if spans and spans[-1][0] == point["pays"]:
+                spans[-1] = (spans[-1][0], spans[-1][1], point["ranks"])
+            else:
+                spans.append((point["pays"], point["ranks"], point["ranks"]))
+        text = ", ".join(f"{method} at {_ranks_range(a, b)}" for method, a, b in spans) + " ranks"
+        last = entry["points"][-1]
+        if last["pays"] != "fp32" and "fp32" in last["step_s"]:
+            speed = last["step_s"]["fp32"] / last["step_s"][last["pays"]]
+            text += f" ({last['ranks']:,} ranks: {speed:.1f}x fp32's speed)"
+        table.append([f"{entry['interconnect']}:", text])
+    margin = f"{100 * PAYS_MARGIN:.0f}%"
+    return [f"METHOD THAT PAYS (the cost model, NOT a measurement): of {', '.join(labels)}, the one with the "
+            f"shortest step" + (f", where it beats fp32 by {margin} or more (else fp32)" if "fp32" in labels
+                                else ""),
+            *("  " + line for line in _align(table, right=set())),
+            "step time only: PowerSGD and Local SGD change what each step learns (accuracy per step is not "
+            "modelled), and PowerSGD's matrix work is not counted"]
 
 
 def validation_text(entries: list[dict[str, Any]], title: str = "MODEL VALIDATION") -> str:

@@ -10,7 +10,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ringtrain.bench.outputs import write_atomic
+from ringtrain.bench.outputs import projection_method, write_atomic
 from ringtrain.bench.plan import BARRIER, BASELINE, INDEPENDENT
 
 INSTALL_HINT = "HINT: pip install 'ringtrain[plot]' (matplotlib), then rerun, or plot scaling.csv yourself."
@@ -50,11 +50,31 @@ def _errors(rows: list[dict[str, Any]], key: str, low: str, high: str) -> list[l
 PROJECTION_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def projection_legend_title(fp16_drawn: set[bool]) -> str:
-    """Say which line style means what, for the styles actually drawn only."""
-    if fp16_drawn == {False, True}:
-        return "dashed fp32, dotted fp16 gradients"
-    return "dotted: fp16 gradients" if fp16_drawn == {True} else "dashed: fp32 gradients"
+#: Line styles of the projection's methods, with their names for the legend: fp32 dashed and fp16 dotted
+#: always (as plots before the other methods), the others in the order they appear.
+FIXED_STYLES = {"fp32": ("--", "dashed"), "fp16": (":", "dotted")}
+MORE_STYLES: tuple[tuple[Any, str], ...] = (
+    ("-.", "dash-dot"), ((0, (8, 3)), "long-dashed"), ((0, (4, 1, 1, 1, 1, 1)), "dash-dot-dot"),
+    ((0, (1, 3)), "sparse-dotted"), ((0, (8, 2, 2, 2)), "long-dash-dot"), ((0, (2, 2)), "short-dashed"),
+)
+
+
+def method_styles(methods: list[str]) -> dict[str, tuple[Any, str]]:
+    """Each projected method's (matplotlib line style, its name): one style per method."""
+    styles: dict[str, tuple[Any, str]] = {}
+    spare = iter(MORE_STYLES)
+    for label in dict.fromkeys(methods):
+        styles[label] = FIXED_STYLES.get(label) or next(spare, ("-", "solid"))
+    return styles
+
+
+def projection_legend_title(styles: dict[str, tuple[Any, str]]) -> str:
+    """Say which line style means which method, for the methods actually drawn only."""
+    gradients = "" if any(label.startswith("localsgd") for label in styles) else " gradients"
+    if len(styles) == 1:
+        label, (_, name) = next(iter(styles.items()))
+        return f"{name}: {label}{gradients}"
+    return ", ".join(f"{name} {label}" for label, (_, name) in styles.items()) + gradients
 
 
 def render(body: dict[str, Any]) -> bytes:
@@ -142,17 +162,18 @@ def figure(body: dict[str, Any]) -> Any:
     throughput_ax.set_ylim(bottom=0)
     if projection:
         ax = axes[2]
-        styles = {False: "--", True: ":"}
+        styles = method_styles([projection_method(e) for e in projection])
         names = list(dict.fromkeys(e["interconnect"] for e in projection))
         for order, entry in enumerate(projection):
             at = names.index(entry["interconnect"])
             pts = entry["points"]
+            method = projection_method(entry)
             width = max(0.8, 3.2 - 0.5 * order)  # later curves thinner: an equal earlier one shows round it
             ax.plot([p["ranks"] for p in pts], [p["efficiency"] for p in pts],
-                    linestyle=styles[entry["fp16"]], marker=PROJECTION_MARKERS[at % len(PROJECTION_MARKERS)],
+                    linestyle=styles[method][0], marker=PROJECTION_MARKERS[at % len(PROJECTION_MARKERS)],
                     markersize=max(3.0, 8.0 - order), markerfacecolor="none", linewidth=width,
                     color=colors[at % len(colors)], zorder=2 + order,
-                    label=entry["interconnect"] + (" fp16" if entry["fp16"] else ""))
+                    label=entry["interconnect"] + ("" if method == "fp32" else f" {method}"))
         ax.set_xscale("log", base=2)
         ranks = [p["ranks"] for p in projection[0]["points"]]
         ax.set_xticks(ranks, [str(r) for r in ranks])
@@ -161,8 +182,7 @@ def figure(body: dict[str, Any]) -> Any:
         ax.set_ylim(0, 1.05)
         ax.set_title("PROJECTION (model, not measured)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncol=2, title=projection_legend_title({e["fp16"] for e in projection}),
-                  title_fontsize="x-small")
+        ax.legend(fontsize="x-small", ncol=2, title=projection_legend_title(styles), title_fontsize="x-small")
     settings = body.get("settings", {})
     title = settings.get("workload") or " ".join(settings.get("command", []))[:60]
     machine = body.get("machine") or {}
