@@ -62,9 +62,13 @@ def _initialize_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module |
             zeros = torch.zeros_like(p)
             p.grad = zeros.to_sparse() if force_sparse or id(p) in sparse_params else zeros
     # A DistributedOptimizer takes this fake step locally (skip_synchronize): no allreduce, which
-    # every rank would have to join.
+    # every rank would have to join. A LocalSGD takes it on its wrapped optimizer alone: a step that
+    # counted toward sync_every could make this rank average at another step than the others.
+    inner_step = getattr(optimizer, "_ringtrain_inner_step", None)
     skip_synchronize = getattr(optimizer, "skip_synchronize", None)
-    if skip_synchronize is not None:
+    if inner_step is not None:
+        inner_step()
+    elif skip_synchronize is not None:
         with skip_synchronize():
             optimizer.step()
     else:
@@ -79,9 +83,21 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     ...) travel in one pickled dict, so their Python types survive. An optimizer without state gets
     it created first by a zero-gradient step. ``model`` tells which parameters belong to sparse
     embeddings (they get sparse zero gradients for that step).
+
+    A ``ringtrain.LocalSGD`` optimizer also takes ``root_rank``'s parameters as its anchor, and its step
+    count and outer optimizer state (``LocalSGD.broadcast_state``).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    _broadcast_wrapped_state(optimizer, root_rank, model)
+    local_sgd_state = getattr(optimizer, "_ringtrain_broadcast_state", None)
+    if local_sgd_state is not None:
+        local_sgd_state(root_rank)
+
+
+def _broadcast_wrapped_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                             model: torch.nn.Module | None) -> None:
+    """``broadcast_optimizer_state`` of the torch optimizer's own state and options."""
     if not optimizer.state:
         _initialize_state(optimizer, model)
     if not optimizer.state:
