@@ -96,6 +96,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
                      "allgather_object"), "ringtrain.functions"),
     "DistributedOptimizer": "ringtrain.optimizer",
+    # beyond Horovod: Local SGD and DiLoCo (ranks average every sync_every steps)
+    "LocalSGD": "ringtrain.local_sgd",
     "Compression": "ringtrain.compression",
     "SyncBatchNorm": "ringtrain.sync_batch_norm",
     "HorovodInternalError": "ringtrain.exceptions",
@@ -120,7 +122,7 @@ def run(*args: Any, **kwargs: Any) -> Any:
 
 #: Names beyond Horovod's ``horovod.torch`` surface (the shim leaves them out).
 NOT_HOROVOD: frozenset[str] = frozenset({"run", "Trainer", "TrainerConfig", "stop_requested",
-                                         "PREEMPTED_EXIT"})
+                                         "PREEMPTED_EXIT", "LocalSGD"})
 
 __all__ = sorted([*_EXPORTS, "run"])
 
