@@ -139,7 +139,7 @@ def test_the_plans_uncompressed_steps_are_powersgds():
     """The warm-up rule copies PowerSGD's default start_iter (plan.py stays torch-free): they must agree."""
     from ringtrain.bench.plan import POWERSGD_PLAIN_STEPS
     from ringtrain.powersgd import PowerSGDConfig
-    from ringtrain.train.ddp_powersgd import DEFAULT_START_ITER
+    from ringtrain.train.ddp_hooks import DEFAULT_START_ITER
 
     assert PowerSGDConfig().start_iter == POWERSGD_PLAIN_STEPS
     assert DEFAULT_START_ITER == POWERSGD_PLAIN_STEPS

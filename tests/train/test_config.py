@@ -32,6 +32,17 @@ def test_defaults_are_valid_and_frozen():
     ({"num_workers": -1}, "num_workers=-1"),
     ({"seed": -5}, "seed=-5"),
     ({"epochs": True}, "epochs=True"),
+    ({"compression": "zstd"}, "compression='zstd'"),
+    ({"compression": "powersgd:0"}, "compression='powersgd:0'"),
+    ({"compression": "bf16", "fp16_allreduce": True}, "fp16_allreduce=True"),
+    ({"sync_every": 0}, "sync_every=0"),
+    ({"sync_every": 8, "outer_lr": 0.0}, "outer_lr=0.0"),
+    ({"sync_every": 8, "outer_lr": float("inf")}, "outer_lr=inf"),
+    ({"sync_every": 8, "outer_momentum": 1.0}, "outer_momentum=1.0"),
+    ({"sync_every": 8, "outer_momentum": -0.1}, "outer_momentum=-0.1"),
+    ({"outer_lr": 0.7}, "sync_every"),
+    ({"sync_every": 8, "compression": "powersgd"}, "sync_every=8"),
+    ({"sync_every": 8, "compression": "auto"}, "compression='auto'"),
 ])
 def test_bad_values_are_named_with_a_hint(changes, named):
     with pytest.raises(ValueError, match="HINT") as info:
@@ -49,3 +60,15 @@ def test_replace_validates_again():
 def test_as_dict_round_trips():
     config = TrainerConfig(epochs=4, snapshot_dir="snaps", save_every=2, strategy="horovod")
     assert TrainerConfig(**config.as_dict()) == config
+
+
+def test_the_exchange_method_of_each_setting():
+    assert TrainerConfig().exchange_method().label == "fp32"
+    assert TrainerConfig(fp16_allreduce=True).exchange_method().label == "fp16"
+    assert TrainerConfig(compression="fp16", fp16_allreduce=True).exchange_method().label == "fp16"
+    assert TrainerConfig(compression="powersgd").exchange_method().label == "powersgd:4"
+    assert TrainerConfig(compression="PowerSGD:8").exchange_method().label == "powersgd:8"
+    assert TrainerConfig(compression="auto").exchange_method().name == "auto"
+    local = TrainerConfig(sync_every=8, outer_lr=0.7, outer_momentum=0.9, compression="bf16")
+    assert local.exchange_method().label == "localsgd:8"
+    assert local.wire_compression() == "bf16"

@@ -59,7 +59,20 @@ def register(subparsers: Any) -> None:
     run.add_argument("--strategy", choices=("ddp", "horovod"),
                      help="DistributedDataParallel or ringtrain's Horovod DistributedOptimizer (ddp; horovod "
                           "in elastic mode)")
-    run.add_argument(*spellings("--fp16-allreduce"), action="store_true", help="send gradients as float16")
+    run.add_argument(*spellings("--fp16-allreduce"), action="store_true",
+                     help="send gradients as float16 (as --compression fp16)")
+    run.add_argument("--compression", metavar="METHOD", default="none",
+                     help="how gradients travel: none, fp16, bf16, powersgd[:RANK] (low rank with error "
+                          "feedback, rank 4), or auto (chosen from the measured link; docs/slow-links.md) "
+                          "(none)")
+    run.add_argument(*spellings("--sync-every"), type=_int, metavar="H",
+                     help="Local SGD: each rank steps on its own gradients and the ranks average every H "
+                          "steps (with --outer-lr/--outer-momentum: DiLoCo)")
+    run.add_argument(*spellings("--outer-lr"), type=_float, default=1.0,
+                     help="Local SGD's outer learning rate on the averaged change (1: plain averaging)")
+    run.add_argument(*spellings("--outer-momentum"), type=_float, default=0.0,
+                     help="Local SGD's outer Nesterov momentum (0; DiLoCo: --outer-lr 0.7 "
+                          "--outer-momentum 0.9)")
     run.add_argument(*spellings("--batches-per-allreduce"), type=_int, default=1,
                      help="micro-batches accumulated locally per allreduce and step (1)")
     run.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
@@ -243,7 +256,8 @@ def run_train(args: argparse.Namespace) -> int:
         config = TrainerConfig(
             epochs=args.epochs if args.epochs is not None else defaults.epochs,
             batch_size=args.batch_size if args.batch_size is not None else defaults.batch_size,
-            strategy=strategy, fp16_allreduce=args.fp16_allreduce,
+            strategy=strategy, fp16_allreduce=args.fp16_allreduce, compression=args.compression,
+            sync_every=args.sync_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
             batches_per_allreduce=args.batches_per_allreduce, amp=args.amp, scale_lr=args.scale_lr,
             warmup_epochs=args.warmup_epochs, seed=args.seed, save_every=save_every,
             save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,

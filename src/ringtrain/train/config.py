@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ringtrain.exchange import Method, local_sgd, parse_compression
+
 STRATEGIES = ("ddp", "horovod")
 TASKS = ("classification", "regression")
 
@@ -33,7 +35,19 @@ class TrainerConfig:
     strategy: str = "ddp"
     """``"ddp"`` (torch DistributedDataParallel) or ``"horovod"`` (ringtrain's DistributedOptimizer)."""
     fp16_allreduce: bool = False
-    """Send gradients as float16 (horovod: ``Compression.fp16``; ddp: the fp16 compress hook)."""
+    """Send gradients as float16 (horovod: ``Compression.fp16``; ddp: the fp16 compress hook); the same as
+    ``compression="fp16"``."""
+    compression: str = "none"
+    """How gradients travel (docs/slow-links.md): ``"none"``, ``"fp16"``, ``"bf16"``, ``"powersgd"`` (rank 4)
+    or ``"powersgd:R"`` (horovod: ringtrain's PowerSGD; ddp: torch's PowerSGD hook), or ``"auto"``: chosen
+    once at the start from the measured link and the gradients' size, and said in the log."""
+    sync_every: int | None = None
+    """Local SGD: each rank steps on its own gradients and the ranks average what they learned every this
+    many steps (``outer_lr`` / ``outer_momentum`` make it DiLoCo); None: gradients averaged every step."""
+    outer_lr: float = 1.0
+    """Local SGD's outer learning rate, applied to the averaged parameter delta (1: plain averaging)."""
+    outer_momentum: float = 0.0
+    """Local SGD's outer (Nesterov) momentum; DiLoCo uses ``outer_lr=0.7, outer_momentum=0.9``."""
     batches_per_allreduce: int = 1
     """Micro-batches whose gradients are accumulated locally before one allreduce and optimizer step."""
     amp: bool = False
@@ -134,6 +148,48 @@ class TrainerConfig:
                              "use e.g. walltime_margin_s=120.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a whole number >= 0. HINT: use e.g. seed=0.")
+        self._check_exchange()
+
+    def _check_exchange(self) -> None:
+        """compression, fp16_allreduce and Local SGD's settings: each valid, and together meaningful."""
+        method = parse_compression(self.compression)
+        if self.fp16_allreduce and method.name not in ("none", "fp16"):
+            raise ValueError(f"fp16_allreduce=True and compression={self.compression!r} both say how "
+                             "gradients travel. HINT: drop fp16_allreduce, or use compression='fp16'.")
+        _optional_positive_int("sync_every", self.sync_every, 8, "to average gradients every step")
+        for name, low, high in (("outer_lr", 0.0, float("inf")), ("outer_momentum", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    low < value < high if name == "outer_lr" else low <= value < high):
+                bound = "a finite number > 0" if name == "outer_lr" else "a number from 0 up to (not incl.) 1"
+                raise ValueError(f"{name}={value!r} must be {bound}. HINT: use e.g. {name}="
+                                 f"{0.7 if name == 'outer_lr' else 0.9} (DiLoCo), or leave it out.")
+        if self.sync_every is None and (self.outer_lr != 1.0 or self.outer_momentum != 0.0):
+            raise ValueError(f"outer_lr={self.outer_lr} / outer_momentum={self.outer_momentum} apply only to "
+                             "Local SGD's averaging. HINT: set sync_every (e.g. sync_every=8), or leave them "
+                             "out.")
+        if self.sync_every is not None and method.name in ("powersgd", "auto"):
+            raise ValueError(f"sync_every={self.sync_every} with compression={self.compression!r}: Local SGD "
+                             "averages parameters every few steps instead of gradients every step, so there "
+                             "are no gradients for PowerSGD to compress or for 'auto' to choose for. HINT: "
+                             "use one of them; with sync_every, compression='fp16' or 'bf16' casts the "
+                             "averaged deltas.")
+
+    def exchange_method(self) -> Method:
+        """The :class:`ringtrain.exchange.Method` these settings ask for (``auto`` still undecided)."""
+        if self.sync_every is not None:
+            return local_sgd(self.sync_every)
+        method = parse_compression(self.compression)
+        if self.fp16_allreduce and method.name == "none":
+            return parse_compression("fp16")
+        return method
+
+    def wire_compression(self) -> str:
+        """What travels per element: ``none``, ``fp16`` or ``bf16`` (Local SGD's deltas cast the same way)."""
+        name = parse_compression(self.compression).name
+        if self.fp16_allreduce:
+            return "fp16"
+        return name if name in ("fp16", "bf16") else "none"
 
     def replace(self, **changes: Any) -> TrainerConfig:
         """A copy with some fields changed (validated again)."""

@@ -34,7 +34,8 @@ class TrainerState(State):
     def save(self) -> None:
         """Commit (collective: every rank calls it at the same point)."""
         trainer = self.trainer
-        self._saved = {"body": copy.deepcopy(trainer.state()), "history": len(trainer.history)}
+        # all of this rank's state, what differs from rank to rank included (a snapshot puts that in parts)
+        self._saved = {"body": copy.deepcopy(trainer.state(shared=False)), "history": len(trainer.history)}
 
     def restore(self) -> None:
         """Back to the last commit (this worker's own copy); the sync that follows aligns every rank."""

@@ -3,6 +3,12 @@
 A strategy owns the process group it starts, the device of this rank, and the few operations the
 Trainer needs from it: wrap the model and optimizer, skip gradient sync on accumulating passes, take
 an optimizer step (with or without a GradScaler), sum a tensor over ranks.
+
+How the gradients travel is the strategy's too (:mod:`ringtrain.exchange`): as they are, cast to 16
+bits, as PowerSGD's low-rank factors (ringtrain's in the Horovod strategy, torch's comm hook in DDP),
+or not at all between Local SGD's averagings of the parameters (``LocalSGDSettings``). What of that
+differs from rank to rank (error feedback, parameters between averagings) is the strategy's
+:meth:`Strategy.rank_state`, which snapshots keep in one part per rank.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import statistics
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +29,23 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtrain.env import detect_environment
+from ringtrain.exchange import Method, parse_compression
 from ringtrain.train.logs import LOGGER_NAME
+
+#: The key of PowerSGD's state in the Horovod strategy's optimizer state (ringtrain.optimizer's).
+POWERSGD_KEY = "ringtrain_powersgd"
+#: Bytes of the link probe's two allreduces (``--compression auto``): latency-bound, bandwidth-bound.
+PROBE_BYTES = (4 << 10, 4 << 20)
+PROBE_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class LocalSGDSettings:
+    """Local SGD's averaging: every ``sync_every`` steps, through an outer SGD step (DiLoCo: Nesterov)."""
+
+    sync_every: int
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
 
 
 def pick_device(requested: str | None, local_rank: int) -> torch.device:
@@ -41,13 +66,18 @@ class Strategy(ABC):
     name = "base"
 
     def __init__(self, device: str | None = None, fp16_allreduce: bool = False,
-                 batches_per_allreduce: int = 1, elastic: bool = False) -> None:
+                 batches_per_allreduce: int = 1, elastic: bool = False, compression: str = "none",
+                 local_sgd: LocalSGDSettings | None = None) -> None:
         self.requested_device = device
         #: The Trainer runs inside ``hvd.elastic.run``: the first sync spreads rank 0's state instead of
         #: ``prepare`` (a worker joining a running group must not call collectives the others don't).
         self.elastic = elastic
         self.fp16_allreduce = fp16_allreduce
         self.batches_per_allreduce = batches_per_allreduce
+        #: How gradients travel; ``auto`` until :meth:`decide` replaced it (before ``prepare``).
+        self.method: Method = parse_compression("fp16" if fp16_allreduce and compression in ("none", "fp16")
+                                                else compression)
+        self.local_sgd = local_sgd
         self.rank = 0
         self.world_size = 1
         self.local_rank = 0
@@ -84,6 +114,102 @@ class Strategy(ABC):
         result = self.sum(tensor)
         return lambda: result
 
+    # --- how gradients travel -------------------------------------------------------------------
+
+    @property
+    def wire_cast(self) -> str:
+        """``none``, ``fp16`` or ``bf16``: the per-element cast of what travels (Local SGD's deltas too)."""
+        return self.method.name if self.method.name in ("fp16", "bf16") else "none"
+
+    def measure_link(self) -> tuple[float, float]:
+        """(latency s, bandwidth bytes/s) of an allreduce over every rank, fitted from two sizes timed
+        with :meth:`sum` (collective; every rank gets the same figures: the times are averaged)."""
+        times = []
+        for nbytes in PROBE_BYTES:
+            work = torch.zeros(nbytes // 4, dtype=torch.float32)
+            self.sum(work)  # the first of a size sets up buffers: not timed
+            samples = []
+            for _ in range(PROBE_REPEATS):
+                start = time.perf_counter()
+                self.sum(work)
+                samples.append(time.perf_counter() - start)
+            times.append(statistics.median(samples))
+        mean = self.sum(torch.tensor(times, dtype=torch.float64)) / self.world_size
+        small, large = (float(t) for t in mean)
+        p = self.world_size
+        ring = 2 * (p - 1) / p
+        beta = ring * (PROBE_BYTES[1] - PROBE_BYTES[0]) / max(large - small, 1e-9)
+        alpha = max(0.0, small - ring * PROBE_BYTES[0] / beta) / (2 * (p - 1))
+        return alpha, beta
+
+    def decide(self, model: nn.Module) -> str | None:
+        """Settle ``--compression auto`` for ``model`` on the measured link (collective); returns the line
+        that says what was chosen and why (None when nothing was left to decide)."""
+        if self.method.name != "auto":
+            return None
+        from ringtrain.exchange import choose
+
+        shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        if self.world_size <= 1:
+            alpha, beta = 0.0, float("inf")
+        else:
+            alpha, beta = self.measure_link()
+        choice = choose(shapes, self.world_size, alpha, beta)
+        self.method = choice.method
+        return f"--compression auto: {choice.method.compression} ({choice.reason})"
+
+    def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
+        """What this rank holds of its own that a snapshot must keep (None: nothing; the same on every
+        rank). Local SGD: the rank's parameters and optimizer between two averagings."""
+        if self.local_sgd is None:
+            return None
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def shared_optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's state as rank 0 writes it into a snapshot (without what is per rank)."""
+        return dict(optimizer.state_dict())
+
+    def restore(self, model: nn.Module, optimizer: Any, body: Mapping[str, Any],
+                parts: Sequence[Mapping[str, Any]], mine: bool) -> str | None:
+        """Load a snapshot's model and optimizer state, with what :meth:`rank_state` saved: ``parts`` holds
+        this rank's part when ``mine``, else every rank's of a world of another size (or none). Returns a
+        note for the log, or None."""
+        model_state, optimizer_state = body["model"], body["optimizer"]
+        local = self.local_sgd is not None and parts and "model" in parts[0]
+        if local and mine:
+            model_state, optimizer_state = parts[0]["model"], parts[0]["optimizer"]
+        self.unwrap(model).load_state_dict(model_state)
+        optimizer.load_state_dict(self._with_rank_state(optimizer_state, parts, mine))
+        if local and not mine:
+            # another world: every rank starts from the parameters of the last averaging
+            optimizer.reset_to_anchor()
+            return ("Local SGD: the snapshot was written by another number of ranks, so every rank starts "
+                    "from the parameters of its last averaging")
+        return None
+
+    def _with_rank_state(self, optimizer_state: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                         mine: bool) -> Mapping[str, Any]:
+        """The optimizer state to load, with a strategy's own per-rank entries put back (none here)."""
+        return optimizer_state
+
+    def end_epoch(self, optimizer: Any) -> None:
+        """At an epoch's end, before evaluation and snapshots: Local SGD averages the ranks' parameters,
+        so that every rank evaluates and saves the same model (collective)."""
+        if self.local_sgd is not None:
+            optimizer.sync()
+
+    def _local_sgd(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None) -> Any:
+        """``optimizer`` wrapped by Local SGD; ``group``: the torch.distributed group to average over
+        (None: ringtrain's engine where it runs, else torch's default group)."""
+        from ringtrain.compression import Compression
+        from ringtrain.local_sgd import LocalSGD
+
+        settings = self.local_sgd
+        assert settings is not None
+        return LocalSGD(optimizer, sync_every=settings.sync_every, outer_lr=settings.outer_lr,
+                        outer_momentum=settings.outer_momentum, model=model,
+                        compression=getattr(Compression, self.wire_cast), group=group)
+
     @abstractmethod
     def teardown(self, wait_for_peers: bool = True) -> None:
         """Leave the job (only what ``setup`` started); ``wait_for_peers`` False: without the last barrier
@@ -119,6 +245,8 @@ class DDPStrategy(Strategy):
         self._owns_group = False
         #: The group DDP and ``sum`` use (None: the default group).
         self.group: Any = None
+        #: torch's PowerSGD hook and its state, with ``compression`` powersgd.
+        self._powersgd: Any = None
 
     def setup(self) -> None:
         placement = detect_environment().placement()
@@ -148,17 +276,47 @@ class DDPStrategy(Strategy):
                     "(-np no more than the GPUs of each host) for NCCL.", sharing)
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        if self.local_sgd is not None:
+            # no DDP: gradients stay on their rank; the ranks start alike and average every few steps
+            if self.world_size > 1:
+                for tensor in model.state_dict().values():
+                    dist.broadcast(tensor, src=0, group=self.group)
+            return model, self._local_sgd(model, optimizer, group=self.group)  # NCCL's on CUDA
         if self.world_size == 1:
             return model, optimizer
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group)
-        if self.fp16_allreduce:
+        if self.method.name == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             wrapped.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
+        elif self.method.name == "bf16":
+            # torch's own bf16 hook refuses every group but NCCL's; gloo reduces bfloat16 as well
+            from ringtrain.train.ddp_hooks import bf16_hook
+
+            wrapped.register_comm_hook(self.group, bf16_hook)
+        elif self.method.name == "powersgd":
+            from ringtrain.train.ddp_hooks import DDPPowerSGD
+
+            self._powersgd = DDPPowerSGD(wrapped, self.group, rank=self.method.rank or 4)
         return wrapped, optimizer
+
+    def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
+        if self._powersgd is not None:
+            return {"ddp_powersgd": self._powersgd.state_dict()}
+        return super().rank_state(model, optimizer)
+
+    def restore(self, model: nn.Module, optimizer: Any, body: Mapping[str, Any],
+                parts: Sequence[Mapping[str, Any]], mine: bool) -> str | None:
+        note = super().restore(model, optimizer, body, parts, mine)
+        if self._powersgd is not None and parts and "ddp_powersgd" in parts[0]:
+            from ringtrain.train.ddp_hooks import merge
+
+            states = [part["ddp_powersgd"] for part in parts]
+            self._powersgd.load_state_dict(states[0] if mine else merge(states))
+        return note
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
@@ -201,6 +359,7 @@ class DDPStrategy(Strategy):
             dist.destroy_process_group()
         self._owns_group = False
         self.group = None
+        self._powersgd = None
 
 
 def ranks_sharing_gpus(device: torch.device) -> list[int]:
@@ -234,14 +393,43 @@ class HorovodStrategy(Strategy):
         from ringtrain.functions import broadcast_optimizer_state, broadcast_parameters
         from ringtrain.optimizer import DistributedOptimizer
 
-        compression = Compression.fp16 if self.fp16_allreduce else Compression.none
-        wrapped = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                       compression=compression,
-                                       backward_passes_per_step=self.batches_per_allreduce)
+        if self.local_sgd is not None:
+            # the ranks' parameters agree before Local SGD takes them as its first anchor
+            if not self.elastic:
+                broadcast_parameters(model.state_dict(), root_rank=0)
+            wrapped = self._local_sgd(model, optimizer)
+        else:
+            if self.method.name == "powersgd":
+                compression: Any = Compression.powersgd(rank=self.method.rank or 4)
+            else:
+                compression = getattr(Compression, self.wire_cast)
+            wrapped = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                           compression=compression,
+                                           backward_passes_per_step=self.batches_per_allreduce)
+            if not self.elastic:
+                broadcast_parameters(model.state_dict(), root_rank=0)
         if not self.elastic:
-            broadcast_parameters(model.state_dict(), root_rank=0)
             broadcast_optimizer_state(wrapped, root_rank=0)
         return model, wrapped
+
+    def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
+        if self.method.name == "powersgd" and self.local_sgd is None:
+            return {"powersgd": optimizer.state_dict().get(POWERSGD_KEY)}
+        return super().rank_state(model, optimizer)
+
+    def shared_optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        state = dict(optimizer.state_dict())
+        state.pop(POWERSGD_KEY, None)  # each rank's error feedback: in its part
+        return state
+
+    def _with_rank_state(self, optimizer_state: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                         mine: bool) -> Mapping[str, Any]:
+        if self.method.name != "powersgd" or not parts or parts[0].get("powersgd") is None:
+            return optimizer_state
+        from ringtrain.powersgd import merge_powersgd_states
+
+        states = [part["powersgd"] for part in parts]
+        return {**optimizer_state, POWERSGD_KEY: states[0] if mine else merge_powersgd_states(states)}
 
     def refresh(self) -> None:
         """Read rank and size again after an elastic reset (the device stays: local rank is fixed)."""
@@ -249,8 +437,8 @@ class HorovodStrategy(Strategy):
         self.local_world_size = self._hvd.local_size()
 
     def step(self, optimizer: Any, scaler: torch.amp.GradScaler | None) -> None:
-        if scaler is None:
-            optimizer.step()
+        if scaler is None or self.local_sgd is not None:
+            step_optimizer(optimizer, scaler)  # Local SGD: no gradient exchange to wait for first
             return
         # the gradients must be averaged before the scaler looks at them for inf/nan
         optimizer.synchronize()
@@ -281,7 +469,8 @@ STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "horovod": HorovodS
 
 
 def make_strategy(name: str, device: str | None = None, fp16_allreduce: bool = False,
-                  batches_per_allreduce: int = 1, elastic: bool = False) -> Strategy:
+                  batches_per_allreduce: int = 1, elastic: bool = False, compression: str = "none",
+                  local_sgd: LocalSGDSettings | None = None) -> Strategy:
     """A strategy by name, not yet set up (``elastic``: only ``horovod`` can re-form in process)."""
     try:
         cls = STRATEGIES[name]
@@ -292,4 +481,4 @@ def make_strategy(name: str, device: str | None = None, fp16_allreduce: bool = F
                          "not re-form in process. HINT: use strategy='horovod' (--strategy horovod) for "
                          "elastic training.")
     return cls(device=device, fp16_allreduce=fp16_allreduce, batches_per_allreduce=batches_per_allreduce,
-               elastic=elastic)
+               elastic=elastic, compression=compression, local_sgd=local_sgd)

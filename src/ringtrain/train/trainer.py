@@ -35,8 +35,8 @@ from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_bat
 from ringtrain.train.preemption import Preempted, StopAgreement, StopSignals, parse_signals, signal_name
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
-from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint
-from ringtrain.train.strategies import HorovodStrategy, Strategy, make_strategy
+from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint, part_name
+from ringtrain.train.strategies import HorovodStrategy, LocalSGDSettings, Strategy, make_strategy
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -71,8 +71,11 @@ class Trainer:
         #: Elastic mode: asked for, or (by default) when started by ringtrain run's elastic driver.
         self.elastic = config.elastic if config.elastic is not None else elastic_rendezvous.enabled()
         if strategy is None:
+            local = (LocalSGDSettings(config.sync_every, config.outer_lr, config.outer_momentum)
+                     if config.sync_every is not None else None)
             strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
-                                     config.batches_per_allreduce, elastic=self.elastic)
+                                     config.batches_per_allreduce, elastic=self.elastic,
+                                     compression=config.compression, local_sgd=local)
         self.strategy: Strategy = strategy
         self.strategy.setup()
         s = self.strategy
@@ -96,6 +99,9 @@ class Trainer:
         """The world size the optimizer's learning rate is scaled for."""
         if self.lr_factor != 1.0:
             scale_learning_rate(optimizer, self.lr_factor)
+        decided = s.decide(self.model)  # --compression auto: from the measured link (collective)
+        if decided:
+            self.out.print(f"ringtrain train: {decided}")
         self.train_model, self.optimizer = s.prepare(self.model, optimizer)
         self.scheduler = None
         self._warmup: tuple[float, int] | None = None
@@ -315,6 +321,7 @@ class Trainer:
         start = time.perf_counter()
         done_before = self._epoch_totals.count  # items trained in this epoch before a resume
         totals = self._train_batches(epoch)
+        self.strategy.end_epoch(self.optimizer)  # Local SGD: the ranks average before evaluating
         train = totals.reduce(self.strategy.sum)
         trained_now = train.count - self.strategy.sum(torch.tensor([done_before], dtype=torch.float64)).item()
         self._epoch_totals = MetricTotals()
@@ -432,13 +439,16 @@ class Trainer:
         table[s.rank] = row.reshape(-1)
         return s.sum(table)
 
-    def state(self) -> dict[str, Any]:
-        """What a snapshot holds (collective: every rank must call it)."""
+    def state(self, shared: bool = True) -> dict[str, Any]:
+        """What a snapshot holds (collective: every rank must call it). ``shared``: without what differs
+        from rank to rank (that goes into the ranks' parts); an elastic commit, which each rank keeps of
+        its own, holds all of it."""
         t = self._epoch_totals.flush()
         states = rng.capture()
         return {
             "model": self.strategy.unwrap(self.train_model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (self.strategy.shared_optimizer_state(self.optimizer) if shared
+                          else self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": self.epoch,
@@ -462,12 +472,29 @@ class Trainer:
                              "TrainerConfig.")
         state = self.state()
         path = self.snapshots.folder / f"snapshot-{self.step:09d}.pt"
+        s = self.strategy
+        part = s.rank_state(self.train_model, self.optimizer)  # present on every rank, or on none
+        records = None
+        if part is not None:
+            record: dict[str, Any] = {}
+            with self._agreed("writing this rank's part of a snapshot"):
+                record = self.snapshots.save_part(part, self.step, s.rank)
+            records = self._gather_part_records(record)
         # nobody runs ahead of a snapshot that is not on disk yet, nor waits for one that failed
         with self._agreed("writing a snapshot"):
-            if self.strategy.rank == 0:
-                path = self.snapshots.save(state, self.step)
+            if s.rank == 0:
+                path = self.snapshots.save(state, self.step, parts=records)
         self._last_snapshot = (self.step, path)
         return path
+
+    def _gather_part_records(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's part record (its file, size and SHA-256), in rank order (collective)."""
+        digest = bytes.fromhex(record["sha256"])
+        row = torch.tensor([float(record["bytes"]), *digest], dtype=torch.float64)  # exact up to 2**53
+        table = self._gather_rows(row)
+        return [{"file": part_name(self.step, rank), "bytes": int(values[0]),
+                 "sha256": bytes(int(v) for v in values[1:]).hex()}
+                for rank, values in enumerate(table.tolist())]
 
     def _check_snapshot_folder(self) -> None:
         """Rank 0 checks that the snapshot folder takes files, before the first step; every rank raises
@@ -519,7 +546,9 @@ class Trainer:
         if problem:  # the same snapshot and flags on every rank: each refuses alike
             raise SnapshotError(problem)
         with self._agreed(f"loading {path}"):
-            self.load_state(body, path)
+            parts = self._own_parts(path, body)
+            same_world = int(body.get("world_size", -1)) == self.strategy.world_size
+            self.load_state(body, path, parts, mine=same_world)
         changed = resuming.config_changes(body, self.config.as_dict(), self.strategy.world_size,
                                           self.train_loader.dataset_size)
         changed += self._apply_hyperparameters(body)
@@ -588,12 +617,27 @@ class Trainer:
         for group, base in zip(self.optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = base * ramp(scheduler.last_epoch)
 
-    def load_state(self, body: dict[str, Any], path: Path | str = "<state>") -> None:
-        """Restore model, optimizer, scheduler, scaler, counters and RNGs from a snapshot body."""
+    def _own_parts(self, path: Path, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The parts of snapshot ``path`` this rank needs: its own when the snapshot was written by as many
+        ranks as there are now, else every rank's (to merge); none when it has none."""
+        count = int(body.get("parts") or 0)
+        if not count:
+            return []
+        assert self.snapshots is not None
+        if count == self.strategy.world_size:
+            return [self.snapshots.load_part(path, self.strategy.rank)]
+        return [self.snapshots.load_part(path, rank) for rank in range(count)]
+
+    def load_state(self, body: dict[str, Any], path: Path | str = "<state>",
+                   parts: list[dict[str, Any]] | None = None, mine: bool = True) -> None:
+        """Restore model, optimizer, scheduler, scaler, counters and RNGs from a snapshot body, with what
+        each rank keeps of its own from ``parts`` (this rank's when ``mine``, else every rank's of a world
+        of another size)."""
         s = self.strategy
         try:
-            s.unwrap(self.train_model).load_state_dict(body["model"])
-            self.optimizer.load_state_dict(body["optimizer"])
+            note = s.restore(self.train_model, self.optimizer, body, parts or [], mine)
+            if note:
+                self.out.warn(note)
             if self.scheduler is not None and body.get("scheduler") is not None:
                 self.scheduler.load_state_dict(body["scheduler"])
             if self.scaler is not None and body.get("scaler") is not None:
