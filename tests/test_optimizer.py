@@ -412,6 +412,26 @@ def test_single_rank_has_no_hooks_and_no_communication():
     assert result == {"size": 1, "hooks": 0, "handles": 0, "same": True}
 
 
+def step_hooks_count() -> dict:
+    hvd.init()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    calls = {"pre": 0, "post": 0}
+    opt.register_step_pre_hook(lambda *_: calls.__setitem__("pre", calls["pre"] + 1))
+    opt.register_step_post_hook(lambda *_: calls.__setitem__("post", calls["post"] + 1))
+    for step in range(3):
+        opt.zero_grad()
+        _loss(model, hvd.rank() + step).backward()
+        opt.step()
+    return calls
+
+
+def test_step_hooks_run_once_per_step(ranks2):
+    # torch wraps the step of the user's class and of the wrapper's: the wrapper must not run them twice
+    assert ranks2.run(step_hooks_count) == [{"pre": 3, "post": 3}] * 2
+
+
 def test_auto_buckets_follow_the_size_cap(monkeypatch):
     from ringtrain.optimizer import _DistributedOptimizer
 

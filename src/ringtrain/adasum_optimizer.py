@@ -24,7 +24,7 @@ import torch
 
 from ringtrain import mpi_ops
 from ringtrain.compression import Compressor
-from ringtrain.optimizer_names import TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names
+from ringtrain.optimizer_names import TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names, unhooked_step
 from ringtrain.process_sets import ProcessSet
 
 _NO_SKIP = "Skipping synchronization is not supported when using Adasum optimizer."
@@ -73,7 +73,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         try:
             with torch.no_grad():
                 start.copy_(p)
-            self._ringtrain_base.step(self)
+            unhooked_step(self._ringtrain_base)(self)  # one parameter's share: not a step of the user's
         finally:
             for group, params in zip(self.param_groups, stashed):
                 group["params"] = params

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from ringtrain import mpi_ops
 from ringtrain.compression import Compression
 from ringtrain.functions import broadcast_object
+from ringtrain.optimizer_names import unhooked_step
 
 #: The key of ``LocalSGD.state_dict()`` that holds the wrapper's own state (beside the wrapped one's).
 STATE_KEY = "ringtrain_local_sgd"
@@ -451,9 +452,7 @@ class LocalSGD(torch.optim.Optimizer):
     def _ringtrain_inner_step(self, closure: Callable[[], Any] | None = None) -> Any:
         """The wrapped optimizer's step alone: not counted, never averaging, without the step hooks (they
         run once, around ``step()``). ``hvd.broadcast_optimizer_state`` takes its zero-gradient step here."""
-        step: Any = self._local_base.step
-        if getattr(step, "hooked", False):  # torch's profiling wrapper, which runs the step hooks
-            step = getattr(step, "__wrapped__", step)
+        step = unhooked_step(self._local_base)
         return step(self) if closure is None else step(self, closure)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

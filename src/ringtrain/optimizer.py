@@ -31,7 +31,13 @@ from ringtrain.engine import state
 from ringtrain.env.cores import usable_cores
 from ringtrain.functions import broadcast_object
 from ringtrain.ops import sparse
-from ringtrain.optimizer_names import STEP_AFTER_SYNC, TOO_MANY_PASSES, ZERO_GRAD_RACE, parameter_names
+from ringtrain.optimizer_names import (
+    STEP_AFTER_SYNC,
+    TOO_MANY_PASSES,
+    ZERO_GRAD_RACE,
+    parameter_names,
+    unhooked_step,
+)
 from ringtrain.overlap import should_overlap
 from ringtrain.powersgd import STATE_KEY, PowerSGDBucket, PowerSGDConfig, PowerSGDState, check_model, summary
 from ringtrain.process_sets import ProcessSet, global_process_set
@@ -322,7 +328,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn(STEP_AFTER_SYNC, UserWarning, stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        return self._ringtrain_base.step(self, closure)
+        step = unhooked_step(self._ringtrain_base)  # the hooks run once, around this step()
+        return step(self) if closure is None else step(self, closure)
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         """Zero the gradients; refused while allreduces of this step are still pending."""

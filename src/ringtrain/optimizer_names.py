@@ -1,4 +1,5 @@
-"""What both distributed optimizers share: Horovod's checks of ``named_parameters`` and its messages.
+"""What the wrapping optimizers share: Horovod's checks of ``named_parameters`` and its messages, and the
+wrapped class's step without torch's step hooks.
 
 :mod:`ringtrain.optimizer` (gradients averaged before the step) and :mod:`ringtrain.adasum_optimizer`
 (Horovod's delta optimizer for ``op=hvd.Adasum``) name parameters and refuse misuse the same way.
@@ -19,6 +20,20 @@ STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize()
                     "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
                     "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
                     "your code.")
+
+
+def unhooked_step(cls: type[torch.optim.Optimizer]) -> Any:
+    """``cls.step`` without torch's wrapper that runs the optimizer's step hooks.
+
+    torch wraps the ``step`` of every optimizer class it initialises, so that the hooks registered with
+    ``register_step_pre_hook`` / ``register_step_post_hook`` run around it. A wrapper's own ``step``
+    (wrapped too) that called the wrapped class's wrapped ``step`` would run every hook twice per step
+    (an EMA of the weights kept in a post hook would move twice); calling this one runs them once.
+    """
+    step: Any = cls.step
+    if getattr(step, "hooked", False):
+        step = getattr(step, "__wrapped__", step)
+    return step
 
 
 def _duplicates(names: Iterable[str]) -> list[str]:
