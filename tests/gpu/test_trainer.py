@@ -138,3 +138,48 @@ def test_mixed_precision_snapshots_and_resume(placement: Placement, strategy: st
         assert r["epochs"] == [3]
         assert r["step"] == 3 * first[0]["step"]
     _agree(third)
+
+
+#: The slow-link methods of the Trainer (docs/slow-links.md): PowerSGD at rank 2 (the convolution's 8 x 27
+#: gradient is compressed; the 10 plain steps are over in the second epoch), Local SGD, DiLoCo, bf16.
+EXCHANGES = {"powersgd": {"compression": "powersgd:2"}, "localsgd": {"sync_every": 2},
+             "diloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9},
+             "bf16": {"compression": "bf16"}}
+
+
+def _exchange(kind: str, strategy: str, settings: dict, snapshot_dir: str, epochs: int) -> dict:
+    from ringtrain.train.config import TrainerConfig
+    from ringtrain.train.trainer import Trainer
+
+    train, evaluation = _images(96, seed=0), _images(32, seed=1)
+    torch.manual_seed(0)
+    model = _Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    config = TrainerConfig(epochs=epochs, batch_size=8, strategy=strategy, device=kind, save_every=1,
+                           snapshot_dir=snapshot_dir, progress=False, threads=1, **settings)
+    with Trainer(model, optimizer, nn.CrossEntropyLoss(), train, evaluation, config) as trainer:
+        history = trainer.train()
+        weights = dict(trainer.strategy.unwrap(trainer.train_model).named_parameters())
+        return {"device": str(trainer.strategy.device), "step": trainer.step,
+                "method": trainer.strategy.method.label,
+                "losses": [r.train_loss for r in history],
+                "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None,
+                "weights": {k: v.detach().cpu() for k, v in weights.items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("exchange", list(EXCHANGES))
+def test_each_slow_link_method_trains_and_resumes_on_the_device(pair: Placement, strategy: str, exchange: str,
+                                                                 tmp_path: Path) -> None:
+    folder = str(tmp_path / "snapshots")
+    settings = EXCHANGES[exchange]
+    first = pair.pool.run(_exchange, pair.kind, strategy, settings, folder, 2, timeout=300)
+    resumed = pair.pool.run(_exchange, pair.kind, strategy, settings, folder, 4, timeout=300)
+    for r in first + resumed:
+        assert r["device"].startswith(pair.kind)
+        assert all(math.isfinite(loss) for loss in r["losses"])
+    assert [r["step"] for r in resumed] == [24] * pair.size  # 6 steps an epoch, 4 epochs
+    assert all(r["resumed_from"] and r["resumed_from"].endswith("snapshot-000000012.pt") for r in resumed)
+    _agree(first)  # every method leaves the ranks with one model at an epoch's end
+    _agree(resumed)

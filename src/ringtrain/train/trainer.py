@@ -26,6 +26,7 @@ from ringtrain.env.allocator import tune_allocator
 from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
 from ringtrain.env.walltime import allocation_end
+from ringtrain.exchange import local_sgd, wire_cost
 from ringtrain.train import resuming, rng
 from ringtrain.train.agreement import agreed
 from ringtrain.train.config import TrainerConfig
@@ -171,7 +172,22 @@ class Trainer:
                 f"{c.batches_per_allreduce} accumulated), {self.steps_per_epoch()} steps/epoch, lr {lrs}"
                 f"{' (scaled)' if self.lr_factor != 1.0 else ''}, "
                 f"train items {self.train_loader.dataset_size}"
-                + (f", eval items {self.eval_loader.dataset_size}" if self.eval_loader else ""))
+                + (f", eval items {self.eval_loader.dataset_size}" if self.eval_loader else "")
+                + self._describe_exchange())
+
+    def _describe_exchange(self) -> str:
+        """``; gradients: powersgd:4: 0.62 MB a step, 72.1x fewer bytes than fp32 (...)``; fp32: nothing."""
+        s = self.strategy
+        method = local_sgd(s.local_sgd.sync_every) if s.local_sgd is not None else s.method
+        if method.name == "none" or s.world_size == 1:
+            return ""
+        shapes = [tuple(p.shape) for p in self.model.parameters() if p.requires_grad]
+        text = f"; gradients: {wire_cost(shapes, method).describe()}"
+        if s.local_sgd is not None:
+            c = self.config
+            text += (f", outer lr {c.outer_lr:g}" + (f", Nesterov momentum {c.outer_momentum:g}"
+                                                     if c.outer_momentum else ""))
+        return text
 
     # --- the run ----------------------------------------------------------------------------
 
