@@ -150,3 +150,41 @@ def test_ddp_sends_bf16_through_torch_s_hook(ranks2):
     assert [r["method"] for r in results] == ["bf16", "bf16"]
     for a, b in zip(results[0]["params"], results[1]["params"]):
         assert torch.equal(a, b)
+
+
+class TwoBuckets(nn.Module):
+    """More than DDP's 1 MiB first bucket: DDP's buckets after its first iteration are two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 640), nn.ReLU(), nn.Linear(640, 640), nn.ReLU(),
+                                 nn.Linear(640, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def powersgd_two_buckets_on_rank() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = TwoBuckets()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = TrainerConfig(epochs=2, batch_size=8, strategy="ddp", compression="powersgd:4", progress=False,
+                           threads=1)
+    trainer = Trainer(model, optimizer, nn.CrossEntropyLoss(), _blobs(ITEMS, 1), None, config)
+    try:
+        trainer.train()
+        return {"step": trainer.step, "params": [p.detach().clone() for p in trainer.model.parameters()]}
+    finally:
+        trainer.close()
+        del trainer
+        gc.collect()
+
+
+@pytest.mark.slow
+def test_ddp_powersgd_with_two_buckets_keeps_the_collectives_in_one_order(ranks2):
+    # torch's hook issues each bucket's later allreduces from callbacks; two buckets in flight raced, and
+    # gloo saw the ranks' P allreduces of different buckets meet ("Received data size doesn't match")
+    results = ranks2.run(powersgd_two_buckets_on_rank, timeout=300)
+    assert [r["step"] for r in results] == [40, 40]
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)

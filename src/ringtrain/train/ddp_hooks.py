@@ -49,6 +49,8 @@ class DDPPowerSGD:
         #: Saved buckets waiting for the hook's first look at a bucket of that index.
         self._pending: dict[int, dict[str, Any]] = {}
         self._told = False
+        #: The future of the bucket the hook handled last (see _hook).
+        self._previous: torch.futures.Future[torch.Tensor] | None = None
         ddp_model.register_comm_hook(self.state, self._hook)  # type: ignore[operator]
 
     def _hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -61,9 +63,18 @@ class DDPPowerSGD:
             before = self._layout.get(index)
             if before is not None and before != names:  # DDP rebuilt its buckets: move the state along
                 held = {key: memory.pop(index) for key, memory in self._memories() if index in memory}
-                self._install(index, {"params": before, **held}, names, bucket.buffer().device)
+                if held:
+                    self._install(index, {"params": before, **held}, names, bucket.buffer().device)
         self._layout[index] = names
-        return self._hook_fn(state, bucket)
+        # torch's hook issues a bucket's second and third allreduce from the callbacks of its first: with
+        # two buckets in flight their callbacks race, and ranks on which they complete in another order
+        # issue the buckets' P allreduces in another order (on gloo: "Received data size doesn't match
+        # expected size"). One bucket's chain at a time keeps the collectives in one order everywhere.
+        if self._previous is not None and not self._previous.done():
+            self._previous.wait()
+        future = self._hook_fn(state, bucket)
+        self._previous = future
+        return future
 
     def _memories(self) -> tuple[tuple[str, dict[int, torch.Tensor]], ...]:
         s = self.state
