@@ -15,6 +15,11 @@ part with its size and SHA-256, so the commit covers them: a part of a snapshot 
 committed is never read (and is removed as a leftover), and a committed snapshot whose part is
 missing or short is skipped like a damaged one.
 
+Writing is two halves, :meth:`SnapshotManager.write` (the bytes, to a temporary file, fsynced, hashed
+while they are written) and :meth:`SnapshotManager.commit` (the checksum file, the rename, the prune),
+so that the bytes can be written by another process while training goes on
+(:mod:`ringtrain.train.background_snapshots`): what either writer leaves is the same file.
+
 Loading checks the size and the SHA-256 before anything is unpickled, so a snapshot damaged on disk
 (a flipped block, a truncated copy) is reported as :class:`DamagedSnapshotError` instead of resuming
 silently with corrupted weights or optimizer state; :meth:`SnapshotManager.load_newest` then takes the
@@ -35,6 +40,7 @@ import os
 import re
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,22 +119,39 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class _WriteErrors:
-    """A binary file that remembers the OSError of a failed write: torch.save reports a full disk as
-    a RuntimeError about the zip writer's position, the ENOSPC itself is lost on the way."""
+    """A binary file that hashes what goes through it (no second read of the file for its checksum) and
+    remembers the OSError of a failed write: torch.save reports a full disk as a RuntimeError about the
+    zip writer's position, the ENOSPC itself is lost on the way."""
 
     def __init__(self, fp: Any) -> None:
         self._fp = fp
         self.error: OSError | None = None
+        self.sha256 = hashlib.sha256()
+        self.size = 0
 
     def write(self, data: Any) -> int:
         try:
-            return self._fp.write(data)
+            written = self._fp.write(data)
         except OSError as exc:
             self.error = self.error or exc
             raise
+        self.sha256.update(data)  # torch hands over whole records (a storage in one call): large updates
+        self.size += memoryview(data).nbytes
+        return written
 
     def flush(self) -> None:
         self._fp.flush()
+
+
+@dataclass(frozen=True)
+class Written:
+    """A snapshot's bytes under a temporary name, not yet committed (:meth:`SnapshotManager.write`)."""
+
+    temp: Path
+    final: Path
+    sha256: str | None
+    """Its SHA-256 as hashed while writing (None: hash the file, where ``_write_temp`` was replaced)."""
+    bytes: int
 
 
 class SnapshotManager:
@@ -138,11 +161,17 @@ class SnapshotManager:
     subclass (or a test) can change how bytes reach the disk without touching the guarantees.
     """
 
+    #: The way out when a snapshot cannot be written (a folder user of the manager may say its own).
+    write_hint = ("point --snapshot-dir (TrainerConfig.snapshot_dir) at a writable folder, then run again "
+                  "to resume.")
+
     def __init__(self, folder: str | os.PathLike[str], keep_last: int = 3) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last} must be at least 1. HINT: use keep_last=3.")
         self.folder = Path(folder)
         self.keep_last = keep_last
+        self._digests: dict[Path, tuple[str, int]] = {}
+        """What ``_write_temp`` hashed while writing, by temporary file, until its checksum is written."""
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -155,26 +184,54 @@ class SnapshotManager:
         that cannot take it (full, read-only, gone) raises :class:`SnapshotError` naming it; the
         snapshots already there are left as they were.
         """
-        final = self.folder / snapshot_name(step)
+        return self.commit(self.write_snapshot(payload, step, parts=len(parts) if parts else 0), parts)
+
+    def write_snapshot(self, payload: Mapping[str, Any], step: int, parts: int = 0) -> Written:
+        """The first half of :meth:`save`: the snapshot of ``step`` (with ``parts`` parts to be listed at
+        the commit) written, fsynced and hashed under a temporary name that no reader lists."""
         body = {"format": FORMAT, **payload}
         if parts:
-            body["parts"] = len(parts)
+            body["parts"] = parts
+        return self.write(body, self.folder / snapshot_name(step))
+
+    def write(self, body: Any, final: Path) -> Written:
+        """Write ``body`` for ``final`` to a temporary file beside it, fsynced and hashed while written;
+        :meth:`commit` puts it in place, :meth:`discard` drops it. :class:`SnapshotError` names ``final``
+        and the reason when the folder cannot take it."""
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
             temp = self._write_temp(body, final)
+        except OSError as exc:
+            raise self._cannot_write(final, exc) from exc
+        digest, size = self._digests.pop(temp, (None, -1))
+        return Written(temp, final, digest, size)
+
+    def commit(self, written: Written, parts: builtins.list[dict[str, Any]] | None = None,
+               prune: bool = True) -> Path:
+        """The second half of :meth:`save`: the checksum file of ``written`` (listing ``parts``), the
+        rename that commits it, and (``prune``) the deletion of snapshots beyond ``keep_last``."""
+        final = written.final
+        try:
             try:
-                self._write_checksum(temp, final, parts)
-                self._commit(temp, final)
+                self._write_checksum(written.temp, final, parts, written)
+                self._commit(written.temp, final)
             except BaseException:
-                temp.unlink(missing_ok=True)
+                written.temp.unlink(missing_ok=True)
                 raise
         except OSError as exc:
-            raise SnapshotError(
-                f"cannot write snapshot {final}: {_os_reason(exc)}. The snapshots already there are "
-                f"intact. HINT: free space in {self.folder} or point --snapshot-dir (TrainerConfig."
-                "snapshot_dir) at a writable folder, then run again to resume.") from exc
-        self.prune()
+            raise self._cannot_write(final, exc) from exc
+        if prune:
+            self.prune()
         return final
+
+    def discard(self, written: Written) -> None:
+        """Drop a written snapshot that is not to be committed (its temporary file)."""
+        written.temp.unlink(missing_ok=True)
+
+    def _cannot_write(self, final: Path, exc: OSError) -> SnapshotError:
+        return SnapshotError(
+            f"cannot write snapshot {final}: {_os_reason(exc)}. The snapshots already there are "
+            f"intact. HINT: free space in {final.parent} or {self.write_hint}")
 
     def save_part(self, payload: Mapping[str, Any], step: int, rank: int) -> dict[str, Any]:
         """Write rank ``rank``'s part of the snapshot of ``step`` (fsynced, under its final name, which no
@@ -186,8 +243,11 @@ class SnapshotManager:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             temp = self._write_temp({"format": FORMAT, "rank": rank, **payload}, final)
+            digest, size = self._digests.pop(temp, (None, -1))
             self._commit(temp, final)
-            return part_record(final)
+            if digest is None:
+                return part_record(final)
+            return {"file": final.name, "bytes": size, "sha256": digest}
         except OSError as exc:
             raise SnapshotError(
                 f"rank {rank} cannot write its part {final} of snapshot {snapshot_name(step)}: "
@@ -216,14 +276,14 @@ class SnapshotManager:
             raise SnapshotError(f"cannot write snapshots to {folder}: {_os_reason(exc)} "
                                 f"({exc.filename or folder}). {hint}") from None
 
-    def _write_temp(self, body: Mapping[str, Any], final: Path) -> Path:
+    def _write_temp(self, body: Any, final: Path) -> Path:
         temp = final.with_name(f"{_TEMP_PREFIX}{final.stem}.{os.getpid()}.tmp")
         try:
             with open(temp, "wb") as fp:
                 out = _WriteErrors(fp)
                 try:
                     # torch's stubs ask for an IO[bytes]; torch.save only calls write and flush
-                    torch.save(dict(body), out)  # type: ignore[arg-type]
+                    torch.save(body, out)  # type: ignore[arg-type]
                 except RuntimeError:
                     if out.error is not None:  # the disk's own error, not torch's "unexpected pos"
                         raise out.error from None
@@ -233,14 +293,20 @@ class SnapshotManager:
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
+        self._digests[temp] = (out.sha256.hexdigest(), out.size)
         return temp
 
     def _write_checksum(self, temp: Path, final: Path,
-                        parts: builtins.list[dict[str, Any]] | None = None) -> None:
+                        parts: builtins.list[dict[str, Any]] | None = None,
+                        written: Written | None = None) -> None:
         """Put the checksum of the written ``temp`` in place for ``final`` (before ``final`` exists), with
-        the records of its ``parts``."""
-        record: dict[str, Any] = {"format": CHECKSUM_FORMAT, "file": final.name, "bytes": temp.stat().st_size,
-                                  "sha256": file_sha256(temp)}
+        the records of its ``parts``; ``written`` carries the hash taken while writing, when there is one."""
+        if written is not None and written.sha256 is not None:
+            size, digest = written.bytes, written.sha256
+        else:
+            size, digest = temp.stat().st_size, file_sha256(temp)
+        record: dict[str, Any] = {"format": CHECKSUM_FORMAT, "file": final.name, "bytes": size,
+                                  "sha256": digest}
         if parts:
             record["parts"] = list(parts)
         target = checksum_path(final)
