@@ -80,6 +80,11 @@ def _kept_pids() -> set[int]:
         pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
         if pid:
             pids.add(pid)
+    # the snapshot writer of background snapshots: one per process, started at the first save that needs
+    # it and kept to the end of the interpreter, like the helpers above
+    background = sys.modules.get("ringtrain.train.background_snapshots")
+    if background is not None:
+        pids.update(background.writer_pids())
     return pids
 
 
