@@ -106,6 +106,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Trainer", "TrainerConfig"), "ringtrain.train"),
     # beyond Horovod: a graceful stop on a scheduler's signal (docs/preemption.md)
     **dict.fromkeys(("stop_requested", "PREEMPTED_EXIT"), "ringtrain.train.preemption"),
+    # beyond Horovod: snapshots written beside training, loaded verified (docs/restarts.md)
+    **dict.fromkeys(("save_snapshot", "load_snapshot"), "ringtrain.train.background_snapshots"),
 }
 
 
@@ -122,7 +124,7 @@ def run(*args: Any, **kwargs: Any) -> Any:
 
 #: Names beyond Horovod's ``horovod.torch`` surface (the shim leaves them out).
 NOT_HOROVOD: frozenset[str] = frozenset({"run", "Trainer", "TrainerConfig", "stop_requested",
-                                         "PREEMPTED_EXIT", "LocalSGD"})
+                                         "PREEMPTED_EXIT", "LocalSGD", "save_snapshot", "load_snapshot"})
 
 __all__ = sorted([*_EXPORTS, "run"])
 

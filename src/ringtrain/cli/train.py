@@ -113,6 +113,9 @@ def register(subparsers: Any) -> None:
     snap.add_argument(*spellings("--snapshot-dir"), help="snapshot folder, resumed from automatically "
                                              "(default with --save-every: ringtrain-snapshots/WORKLOAD)")
     snap.add_argument(*spellings("--keep-last"), type=_int, default=3, help="snapshots to keep (3)")
+    snap.add_argument(*spellings("--sync-snapshots"), dest="sync_snapshots", action="store_true",
+                      help="write each snapshot before training goes on (default: a writer process writes it "
+                           "beside training; training waits only for a copy in memory)")
     snap.add_argument(*spellings("--no-resume"), dest="resume", action="store_false",
                       help="start afresh even if the snapshot folder holds snapshots")
     snap.add_argument(*spellings("--signals-to-handle"), default="SIGTERM,SIGUSR1",
@@ -261,6 +264,7 @@ def run_train(args: argparse.Namespace) -> int:
             batches_per_allreduce=args.batches_per_allreduce, amp=args.amp, scale_lr=args.scale_lr,
             warmup_epochs=args.warmup_epochs, seed=args.seed, save_every=save_every,
             save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,
+            snapshot_mode="sync" if args.sync_snapshots else "background",
             resume=args.resume, eval_every=args.eval_every, threads=args.threads,
             num_workers=args.num_workers, progress=args.progress, log_dir=args.log_dir, device=args.device,
             max_steps_per_epoch=args.max_steps_per_epoch, elastic=True if elastic else None,

@@ -10,6 +10,7 @@ from ringtrain.exchange import Method, local_sgd, parse_compression
 
 STRATEGIES = ("ddp", "horovod")
 TASKS = ("classification", "regression")
+SNAPSHOT_MODES = ("background", "sync")
 
 
 def _positive_int(name: str, value: Any, example: int) -> None:
@@ -69,6 +70,10 @@ class TrainerConfig:
     """Folder of the snapshots; the latest complete one there is resumed on start."""
     keep_last: int = 3
     """How many snapshots to keep; older ones are deleted after a new one is committed."""
+    snapshot_mode: str = "background"
+    """``"background"``: a save blocks training only to copy the state into memory of a writer process,
+    which writes it beside training (docs/restarts.md); ``"sync"``: written before training goes on (as
+    in elastic mode, which always saves so)."""
     resume: bool = True
     """Resume from the latest snapshot in ``snapshot_dir`` when there is one."""
     eval_every: int = 1
@@ -102,6 +107,9 @@ class TrainerConfig:
         _positive_int("batch_size", self.batch_size, 64)
         _positive_int("batches_per_allreduce", self.batches_per_allreduce, 2)
         _positive_int("keep_last", self.keep_last, 3)
+        if self.snapshot_mode not in SNAPSHOT_MODES:
+            raise ValueError(f"snapshot_mode={self.snapshot_mode!r} is not known. HINT: use one of "
+                             f"{list(SNAPSHOT_MODES)}.")
         _positive_int("eval_every", self.eval_every, 1)
         _optional_positive_int("save_every", self.save_every, 1, "for no epoch snapshots")
         _optional_positive_int("save_every_steps", self.save_every_steps, 100, "for no step snapshots")

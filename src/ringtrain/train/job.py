@@ -266,7 +266,8 @@ def _report(trainer: Any, history: list[EpochResult], job: TrainJob) -> None:
         rows = [dataclasses.asdict(r) for r in history]
         body = {"workload": job.workload, "world_size": trainer.strategy.world_size,
                 "strategy": config.strategy, "epochs": rows,
-                "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None}
+                "resumed_from": str(trainer.resumed_from) if trainer.resumed_from else None,
+                "snapshots": [dataclasses.asdict(t) for t in trainer.snapshot_saves]}
         write_json_atomically(Path(job.results_json), without_nan(body))
 
 

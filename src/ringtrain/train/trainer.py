@@ -27,8 +27,9 @@ from ringtrain.env.binding import bind_rank
 from ringtrain.env.cores import usable_cores
 from ringtrain.env.walltime import allocation_end
 from ringtrain.exchange import local_sgd, wire_cost
-from ringtrain.train import resuming, rng
-from ringtrain.train.agreement import agreed
+from ringtrain.train import background_snapshots, resuming, rng
+from ringtrain.train.agreement import agreed, check_all
+from ringtrain.train.background_snapshots import SnapshotTiming, TrainerSnapshots, wait_for_writers
 from ringtrain.train.config import TrainerConfig
 from ringtrain.train.data import ShardedLoader, as_arguments, to_device
 from ringtrain.train.logs import MetricsLog, RankZero, init_logger
@@ -36,7 +37,13 @@ from ringtrain.train.metrics import EpochResult, MetricTotals, real_items_in_bat
 from ringtrain.train.preemption import Preempted, StopAgreement, StopSignals, parse_signals, signal_name
 from ringtrain.train.progress import Progress
 from ringtrain.train.schedules import scale_learning_rate, warmup_scheduler
-from ringtrain.train.snapshots import SnapshotError, SnapshotManager, model_fingerprint, part_name
+from ringtrain.train.snapshots import (
+    SnapshotError,
+    SnapshotManager,
+    model_fingerprint,
+    part_name,
+    snapshot_name,
+)
 from ringtrain.train.strategies import HorovodStrategy, LocalSGDSettings, Strategy, make_strategy
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -118,6 +125,14 @@ class Trainer:
 
         self.snapshots = (SnapshotManager(config.snapshot_dir, config.keep_last) if config.snapshot_dir
                           else None)
+        self.snapshot_saves: list[SnapshotTiming] = []
+        """What each snapshot of this run cost: the training thread's block and the write (rank 0's line)."""
+        self._writes = (TrainerSnapshots(self.snapshots, s.rank, self.snapshot_saves, self._say)
+                        if self.snapshots is not None and self._writes_in_background() else None)
+        if self._writes is not None and (config.save_every or config.save_every_steps) and (
+                s.rank == 0 or s.rank_state(self.train_model, self.optimizer) is not None):
+            self._writes.start_writer()  # a rank that will write: the writer imports torch meanwhile
+        self._part_token = 0
         if self.snapshots is not None and (config.save_every or config.save_every_steps) \
                 and not self._joins_running_group():
             # (collective: a worker joining a running elastic group must not wait for the others in it)
@@ -212,6 +227,7 @@ class Trainer:
                 self._preempt(self._stop_signal)
         if self._stopping is not None:
             self._stopping.drain()
+        self._finish_snapshots()  # the last snapshot is on disk (or every rank raises) before train returns
         return self.history
 
     # --- graceful stop on a signal (ringtrain.train.preemption) -----------------------------
@@ -247,6 +263,7 @@ class Trainer:
         if self.snapshots is not None:
             done = self._last_snapshot
             path = done[1] if done and done[0] == self.step else self.save_snapshot()
+            self._finish_snapshots()  # on disk before the process exits
         else:
             self.out.warn(f"stopping for {name} without a snapshot folder: nothing to resume from. HINT: "
                           "give --snapshot-dir (TrainerConfig.snapshot_dir).")
@@ -316,10 +333,18 @@ class Trainer:
             self.metrics_log.close()
         if self._stopping is not None:
             self._stopping.signals.uninstall()
+        unsaved = None
+        if self._writes is not None:
+            if failed:
+                self._writes.cancel()  # the other ranks may not hand their parts over: wait for none
+            else:
+                unsaved = self._writes.settle()  # a snapshot handed over is on disk before the rank leaves
         # a DDP wrapper outliving its process group hangs in gloo's destructor: drop it first
         self.train_model = self.strategy.unwrap(self.train_model)
         gc.collect()
         self.strategy.teardown(wait_for_peers=not failed)
+        if unsaved is not None:
+            raise unsaved
 
     def __enter__(self) -> Trainer:
         return self
@@ -476,16 +501,73 @@ class Trainer:
             "batch_size": self.train_loader.batch_size,
             "rng": {key: self._gather_rows(value) for key, value in states.items()},
             "fingerprint": self.fingerprint,
-            "config": {k: v for k, v in self.config.as_dict().items() if k != "snapshot_dir"},
+            "config": {k: v for k, v in self.config.as_dict().items()
+                       if k not in ("snapshot_dir", "snapshot_mode")},  # where and how, not what
             "run": {"optimizer": self._optimizer_class, "hyperparameters": self._hyperparameters,
                     "lr_factor": self.lr_factor, "train_items": self.train_loader.dataset_size},
         }
 
     def save_snapshot(self) -> Path | None:
-        """Write a snapshot from rank 0 (collective); returns its path on every rank."""
+        """Take a snapshot (collective); returns its path on every rank.
+
+        In the background (``snapshot_mode="background"``, the default): each rank waits for its previous
+        write, copies its share (rank 0: the state; every rank: its part, where it has one) into memory
+        its writer process holds and goes on; the writers write it beside training and rank 0's commits
+        it once every part is durable (docs/restarts.md). A write that failed makes every rank raise here,
+        at the next save, or at the end of training. Synchronously (``snapshot_mode="sync"``, elastic
+        mode): written before any rank goes on.
+        """
         if self.snapshots is None:
             raise ValueError("save_snapshot() needs a snapshot folder. HINT: set snapshot_dir in "
                              "TrainerConfig.")
+        if self._writes is None:
+            return self._save_snapshot_now()
+        started = time.perf_counter()
+        s = self.strategy
+        self._finish_snapshots()  # never two writes in flight; a failed one stops every rank here
+        state = self.state()
+        part = s.rank_state(self.train_model, self.optimizer)  # present on every rank, or on none
+        token = self._snapshot_token() if part is not None else 0
+        handle = self._writes.submit(self.step, state if s.rank == 0 else None, part, s.world_size, token)
+        handle.blocked_s = time.perf_counter() - started
+        path = self.snapshots.folder / snapshot_name(self.step)
+        self._last_snapshot = (self.step, path)
+        return path
+
+    def _writes_in_background(self) -> bool:
+        return (self.config.snapshot_mode == "background" and not self.elastic
+                and background_snapshots.supported())
+
+    def _say(self, line: str) -> None:
+        self.out.print(line)
+
+    def _agree_on_snapshots(self, failure: BaseException | None) -> None:
+        """Every rank raises when a write failed on any rank (collective); the writes in flight then wait
+        for no other rank."""
+        s = self.strategy
+        try:
+            check_all(s.sum, s.rank, s.world_size, "writing a snapshot", failure)
+        except BaseException:
+            if self._writes is not None:
+                self._writes.cancel()
+            raise
+
+    def _finish_snapshots(self) -> None:
+        """Wait for the write in flight; every rank raises if it failed on any (collective)."""
+        if self._writes is not None:
+            self._agree_on_snapshots(self._writes.settle())
+
+    def _snapshot_token(self) -> int:
+        """A number of this run that every rank shares, naming the ranks' part records (collective, once)."""
+        if not self._part_token:
+            mine = float(int.from_bytes(os.urandom(6), "big") | 1) if self.strategy.rank == 0 else 0.0
+            self._part_token = int(self.strategy.sum(torch.tensor([mine], dtype=torch.float64)).item())
+        return self._part_token
+
+    def _save_snapshot_now(self) -> Path | None:
+        """The synchronous save: every rank's part, then rank 0's snapshot, before any rank goes on."""
+        assert self.snapshots is not None
+        started = time.perf_counter()
         state = self.state()
         path = self.snapshots.folder / f"snapshot-{self.step:09d}.pt"
         s = self.strategy
@@ -501,6 +583,11 @@ class Trainer:
             if s.rank == 0:
                 path = self.snapshots.save(state, self.step, parts=records)
         self._last_snapshot = (self.step, path)
+        took = time.perf_counter() - started
+        timing = SnapshotTiming(self.step, str(path), "sync", took, took,
+                                path.stat().st_size if s.rank == 0 and path is not None else 0)
+        self.snapshot_saves.append(timing)
+        self._say(timing.line())
         return path
 
     def _gather_part_records(self, record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -540,9 +627,12 @@ class Trainer:
                 self.out.warn(f"this is restart attempt {attempt} of the job, but it cannot resume ({why}): "
                               "training starts afresh.")
             return None
-        # the listing happens after the clean-up, on every rank
+        # the listing happens after the clean-up, on every rank; the clean-up after the writers of ranks
+        # that died (a restart) have finished the snapshots they were handed
         with self._agreed(f"cleaning up {self.snapshots.folder}"):
             if self.strategy.rank == 0:
+                for note in wait_for_writers(self.snapshots.folder):
+                    self.out.warn(note)
                 self.snapshots.remove_stale_temporaries()
         path = body = None
         skipped: list[str] = []
