@@ -48,6 +48,12 @@ WORKLOADS = {
     "resnet18": (["synthetic", "--arch", "resnet18", "--batch-size", "32"], 20),
 }
 LINKS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
+#: The ratios summary.md gives where both sides ran: (ours, theirs).
+COMPARISONS = (("horovod-fp16", "horovod"), ("horovod", "ddp"), ("horovod-fp16", "ddp-fp16"),
+               ("horovod-powersgd4", "ddp-powersgd4"), ("horovod-powersgd4", "horovod"),
+               ("ddp-powersgd4", "ddp"), ("horovod-localsgd8", "horovod"), ("horovod-diloco8", "horovod"))
+#: The slow-link methods against uncompressed gradients (issue 39): --strategies slow-links.
+SLOW_LINKS = "horovod,horovod-powersgd4,ddp-powersgd4,ddp,horovod-localsgd8"
 #: independent: two plain copies on hostA, which shares its cores with hostB (one kernel): what the
 #: machine loses with both cores busy, without any communication
 STRATEGIES = "independent,barrier,horovod,horovod-fp16,ddp,ddp-fp16"
@@ -81,7 +87,7 @@ def _env() -> dict[str, str]:
 
 
 def sweep_link(link: str, delay_ms: float, workloads: list[str], steps: dict[str, int], warmup: int,
-               repeats: int, out: Path) -> dict[str, Any]:
+               repeats: int, out: Path, strategies: str = STRATEGIES) -> dict[str, Any]:
     """Start the two hosts on a shaped link, bench every workload across them, stop the hosts."""
     from tests.integration.netns import NamespaceHosts
 
@@ -95,7 +101,7 @@ def sweep_link(link: str, delay_ms: float, workloads: list[str], steps: dict[str
             folder = out / link / workload
             argv = hosts.command("hostA", bench_argv(
                 workload, steps[workload], warmup, repeats, folder,
-                ["--np", "1,2", "--strategies", STRATEGIES, "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
+                ["--np", "1,2", "--strategies", strategies, "-H", "hostA:1,hostB:1", "-i", str(hosts.key),
                  "--start-timeout", "120", "--link-note", note]))
             folder.mkdir(parents=True, exist_ok=True)
             results["runs"][workload] = run_logged(argv, folder / "bench.log", timeout=6 * 3600)
@@ -163,8 +169,7 @@ def summarize(out: Path, sweeps: list[dict[str, Any]], machine: dict[str, Any],
             body = json.loads(file.read_text())
             lines += [f"## {sweep['link']}, {workload}", "", "```", table_text(body).rstrip(), "```", "",
                       f"![{sweep['link']} {workload}]({folder.relative_to(out) / 'scaling.png'})", ""]
-            for ours, theirs in (("horovod-fp16", "horovod"), ("horovod", "ddp"),
-                                 ("horovod-fp16", "ddp-fp16")):
+            for ours, theirs in COMPARISONS:
                 found = paired(body, ours, theirs)
                 if found:
                     comparisons.append({"link": sweep["link"], "workload": workload, **found})
@@ -230,7 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-local", dest="local", action="store_false", help="skip the loopback sweep")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 steps, 1 repeat")
     parser.add_argument("--out", help="results folder (benchmarks/results/link_sweep_<cpu>_<date>)")
+    parser.add_argument("--strategies", default=STRATEGIES,
+                        help=f"ringtrain bench --strategies across the link ({STRATEGIES}); 'slow-links': "
+                             f"{SLOW_LINKS}")
+    parser.add_argument("--resnet-batch", type=int, default=32,
+                        help="ResNet-18's items per step and rank (32); a smaller batch computes for less "
+                             "time per step, as a GPU would, so that the link's share of a step grows")
+    parser.add_argument("--warmup-steps", type=int, default=5,
+                        help="warm-up steps per run (5; PowerSGD's runs take at least 12)")
     args = parser.parse_args(argv)
+    if args.strategies == "slow-links":
+        args.strategies = SLOW_LINKS
     problem = check_system()
     if problem:
         print(f"link_sweep: {problem}", file=sys.stderr)
@@ -240,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     if unknown or any(w not in WORKLOADS for w in workloads):
         parser.error(f"links must come from {list(LINKS)}, workloads from {list(WORKLOADS)}")
+    WORKLOADS["resnet18"] = (["synthetic", "--arch", "resnet18", "--batch-size", str(args.resnet_batch)],
+                             WORKLOADS["resnet18"][1])
     steps = {"mnist": args.mnist_steps or WORKLOADS["mnist"][1],
              "resnet18": args.resnet_steps or WORKLOADS["resnet18"][1]}
-    warmup = 5
+    warmup = args.warmup_steps
     if args.quick:
         steps, warmup, args.repeats = {"mnist": 3, "resnet18": 2}, 1, 1
     from ringtrain.bench.machine import describe_machine
@@ -258,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         sweeps.append(sweep_local(workloads, steps, warmup, args.repeats, out))
     for link in links:
-        sweeps.append(sweep_link(link, args.delay_ms, workloads, steps, warmup, args.repeats, out))
+        sweeps.append(sweep_link(link, args.delay_ms, workloads, steps, warmup, args.repeats, out,
+                                 args.strategies))
     print(summarize(out, sweeps, machine, args))
     relative_paths(out)
     print(f"link_sweep: {time.monotonic() - started:.0f} s; wrote {out / 'summary.md'}")
