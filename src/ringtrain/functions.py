@@ -84,11 +84,20 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     it created first by a zero-gradient step. ``model`` tells which parameters belong to sparse
     embeddings (they get sparse zero gradients for that step).
 
+    A ``DistributedOptimizer(..., shard_optimizer_state=True)`` keeps each parameter's state on the rank
+    that owns it: this re-shards it to the current owners, creates it where no rank has any, and
+    broadcasts the parameter groups' options (:mod:`ringtrain.sharding`).
+
     A ``ringtrain.LocalSGD`` optimizer also takes ``root_rank``'s parameters as its anchor, and its step
     count and outer optimizer state (``LocalSGD.broadcast_state``).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    sharding = getattr(optimizer, "_ringtrain_sharding", None)
+    if sharding is not None:
+        # shard_optimizer_state=True: per-parameter state stays with its owner (ringtrain.sharding)
+        sharding.broadcast(root_rank, model)
+        return
     _broadcast_wrapped_state(optimizer, root_rank, model)
     local_sgd_state = getattr(optimizer, "_ringtrain_broadcast_state", None)
     if local_sgd_state is not None:
@@ -159,15 +168,17 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     return cloudpickle.loads(payload.numpy().tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Gather a picklable object from every rank; a list in rank order.
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Gather a picklable object from every member of the set; a list in set order.
 
     Unpickles every rank's object, as :func:`broadcast_object` does (same trust: the job's ranks only).
     """
     name = name or type(obj).__name__
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
-    sizes = mpi_ops.allgather(torch.tensor([payload.numel()], dtype=torch.int32), name=name + ".sz")
-    data = mpi_ops.allgather(payload, name=name + ".t").numpy().tobytes()
+    sizes = mpi_ops.allgather(torch.tensor([payload.numel()], dtype=torch.int32), name=name + ".sz",
+                              process_set=process_set)
+    data = mpi_ops.allgather(payload, name=name + ".t", process_set=process_set).numpy().tobytes()
     objects, offset = [], 0
     for size in sizes.tolist():
         objects.append(cloudpickle.loads(data[offset:offset + size]))

@@ -11,6 +11,9 @@ grouped allreduce, so communication of late layers overlaps backward computation
 
 With ``compression=hvd.Compression.powersgd(...)`` each bucket takes two allreduces instead
 (``_PowerSGDExchange`` below; the math is :mod:`ringtrain.powersgd`).
+
+With ``shard_optimizer_state=True`` each rank keeps the optimizer state of the parameters it owns only,
+steps those, and the parameters are exchanged after the step (:mod:`ringtrain.sharding`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, cast
 
 import torch
 
-from ringtrain import mpi_ops
+from ringtrain import mpi_ops, sharding
 from ringtrain.adasum_optimizer import DistributedAdasumOptimizer
 from ringtrain.compression import CastCompressor, Compression, Compressor
 from ringtrain.engine import state
@@ -63,7 +66,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor] | PowerSGDConfig,
                  backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
-                 groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
+                 groups: Any, sparse_as_dense: bool, process_set: ProcessSet,
+                 shard_optimizer_state: bool = False) -> None:
         # the user's optimizer class, whose __init__ defaults every hyperparameter (torch.optim's all
         # do), not Optimizer.__init__(params, defaults)
         base_init: Callable[..., None] = self._ringtrain_base.__init__
@@ -111,6 +115,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: ``self.state``, which broadcast_optimizer_state sends from rank 0: the error feedback is per rank).
         self._powersgd = (_PowerSGDExchange(self, powersgd, settings.elastic, bool(communicate))
                           if powersgd is not None else None)
+        #: With shard_optimizer_state=True: who owns which parameter, the step of the owned ones and the
+        #: exchange of parameters after it (ringtrain.sharding); broadcast_optimizer_state looks for it.
+        self._ringtrain_sharding = (sharding.Sharding(self, bool(communicate), settings.elastic)
+                                    if shard_optimizer_state else None)
         if communicate:
             self._set_buckets(groups, settings.bucket_cap_mb)
             self._register_hooks()
@@ -167,7 +175,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return buckets
 
     def _register_hooks(self) -> None:
-        hook = self._grad_ready if self._powersgd is None else self._powersgd_grad_ready
+        if self._powersgd is not None:
+            hook = self._powersgd_grad_ready
+        elif self._ringtrain_sharding is not None:
+            hook = self._sharded_grad_ready
+        else:
+            hook = self._grad_ready
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
@@ -209,6 +222,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(_SPARSE_POWERSGD.format(name=name, config=powersgd.config))
         self._grad_ready(p)
         powersgd.poll()
+
+    def _sharded_grad_ready(self, p: torch.Tensor) -> None:
+        """The hook with sharded optimizer state: a sparse gradient is refused (on every rank), then as
+        ``_grad_ready``."""
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            raise sharding.sparse_gradient_error(self._parameter_names.get(p))
+        self._grad_ready(p)
 
     def _make_solo(self, p: torch.Tensor) -> None:
         """Take a parameter with sparse gradients out of its bucket (for good: same on every rank)."""
@@ -328,6 +348,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn(STEP_AFTER_SYNC, UserWarning, stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        if self._ringtrain_sharding is not None:
+            return self._ringtrain_sharding.step(closure)
         step = unhooked_step(self._ringtrain_base)  # the hooks run once, around this step()
         return step(self) if closure is None else step(self, closure)
 
@@ -344,13 +366,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         The PowerSGD entry differs from rank to rank (the error feedback): save every rank's to resume
         exactly, or merge them with ``ringtrain.powersgd.merge_powersgd_states`` to resume at another
         world size.
+
+        With ``shard_optimizer_state=True``: this rank's shard, its state by parameter name under
+        ``"ringtrain_sharded"`` (:mod:`ringtrain.sharding`); save every rank's.
         """
-        saved: dict[str, Any] = self._ringtrain_base.state_dict(self)
+        saved: dict[str, Any] = (self._ringtrain_base.state_dict(self) if self._ringtrain_sharding is None
+                                 else self._ringtrain_sharding.state_dict())
         if self._powersgd is not None:
             saved[STATE_KEY] = self._powersgd.state_dict()
         return saved
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Load optimizer state and forget any half-finished step.
 
         With PowerSGD: the ``"ringtrain_powersgd"`` entry, if there is one, gives the step count and
@@ -360,10 +386,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         size, or this process get another rank, the error feedback is dropped at the next step, and in
         an elastic job the step count and ``Q`` are taken from the set's first rank then, so a rank that
         joined with a fresh optimizer agrees with the others on whether and how to compress.
+
+        With ``shard_optimizer_state=True`` it takes this rank's own shard, the list of every rank's
+        shards of a run of any size, or an unsharded state dict; each rank keeps the state of the
+        parameters it owns (:mod:`ringtrain.sharding`). Unsharded, it also takes the list of every rank's
+        shards of a sharded run (consolidated: ``ringtrain.sharding.consolidate``).
         """
         self._reset_step()
         self._synchronized = False
         self._should_synchronize = True
+        if self._ringtrain_sharding is not None:
+            saved_powersgd = self._ringtrain_sharding.load_state_dict(state_dict)
+            if self._powersgd is not None:
+                self._powersgd.load_state_dict(saved_powersgd)
+            return None
+        if isinstance(state_dict, list | tuple) or sharding.is_shard(state_dict):
+            state_dict = sharding.unsharded(state_dict)
         if STATE_KEY in state_dict:
             state_dict = dict(state_dict)
             saved = state_dict.pop(STATE_KEY)
@@ -372,6 +410,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._powersgd is not None:
             self._powersgd.load_state_dict(saved)
         return self._ringtrain_base.load_state_dict(self, state_dict)
+
+    def sharding_report(self) -> sharding.ShardingReport:
+        """This rank's part of the optimizer state: the parameters it owns, its state bytes and every
+        rank's (``ringtrain.sharding.ShardingReport``; ``str()`` of it is one line to print).
+
+        With ``shard_optimizer_state=True`` it is collective (every rank of the set calls it: the state
+        bytes are gathered); unsharded, each rank owns everything and nothing is exchanged.
+        """
+        if self._ringtrain_sharding is None:
+            return sharding.unsharded_report(self)
+        return self._ringtrain_sharding.report()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes are accumulated locally before each allreduce."""
@@ -539,7 +588,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          backward_passes_per_step: int = 1,
                          op: int = mpi_ops.Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set, *,
+                         shard_optimizer_state: bool = False) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over the process set.
 
     Returns an instance of a new subclass of ``type(optimizer)`` (``isinstance`` still holds; LR
@@ -551,6 +601,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     ``backward_passes_per_step`` accumulates that many backward passes locally before communicating;
     ``gradient_predivide_factor`` splits the averaging into a division before and after the sum;
     ``groups`` (an int, or lists of parameters) allreduces parameters in atomic groups.
+
+    ``shard_optimizer_state=True`` (ZeRO stage 1, beyond Horovod): each trainable parameter is owned by
+    one rank of the set, whose optimizer alone keeps that parameter's state and steps it; the updated
+    parameters are then exchanged, so every rank holds the whole model after ``step()``. Gradients are
+    averaged as without it (GradScaler, clipping, compression and ``backward_passes_per_step`` work the
+    same). Per-parameter optimizers only (LBFGS is refused), not with ``op=hvd.Adasum`` nor sparse
+    gradients (unless ``sparse_as_dense``). ``state_dict()`` is this rank's shard; ``sharding_report()``
+    says what this rank holds. See :mod:`ringtrain.sharding`.
     """
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -579,6 +637,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                     if id(p) in seen:
                         raise ValueError("A parameter can only appear once in groups.")
                     seen.add(id(p))
+    if shard_optimizer_state:
+        sharding.check_request(optimizer, op)
     if op == mpi_ops.Adasum and mpi_ops.size() > 1:
         # Horovod's delta optimizer: each rank steps locally and the parameter deltas are combined.
         assert not isinstance(compression, PowerSGDConfig), "refused above"
@@ -591,7 +651,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     namespace["__doc__"] = base.__doc__
     cls = type(base.__name__, (base,), namespace)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, shard_optimizer_state)
 
 
 __all__ = ["DistributedOptimizer"]
