@@ -3,7 +3,9 @@
 Gradients accumulated over ``backward_passes_per_step`` and averaged (plain, fp16, bf16 on the wire);
 a GradScaler with ``synchronize()`` / ``skip_synchronize()``, where an overflow on one rank makes every
 rank skip the step; parameters and optimizer state broadcast from rank 0 stay on the device; PowerSGD
-(``hvd.Compression.powersgd``) on the device, its state there too, 16-bit parameters in float32.
+(``hvd.Compression.powersgd``) on the device, its state there too, 16-bit parameters in float32;
+sharded optimizer state (``shard_optimizer_state=True``) on the device: the unsharded steps, each
+rank's state there, its shards consolidated, and a GradScaler("cuda") overflow on one rank.
 """
 
 from __future__ import annotations
@@ -84,14 +86,15 @@ def test_accumulated_gradients_are_averaged_on_the_device(placement: Placement, 
             assert torch.equal(got, first)  # every rank took the same second step
 
 
-def _scaled_steps(kind: str) -> dict:
+def _scaled_steps(kind: str, shard: bool = False) -> dict:
     fresh()
     try:
         device = rank_device(kind)
         rank = hvd.rank()
         model = _model().to(device)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters())
+                                       named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=shard)
         scaler = torch.amp.GradScaler(device.type, init_scale=1024.0)
 
         def step(number: int, poison: bool, autocast: bool) -> None:
@@ -270,4 +273,70 @@ def test_powersgd_on_16_bit_parameters_works_in_float32_on_the_gpu(cuda_placemen
         for i, (got, expected) in enumerate(zip(result["params"], want)):
             assert mismatch(f"rank {rank} param {i}", got, expected, atol=tolerance, rtol=tolerance) is None
         for got, first in zip(result["params"], results[0]["params"]):
+            assert torch.equal(got, first)
+
+
+# --- sharded optimizer state -----------------------------------------------------------------------
+
+def _sharded_adam(kind: str, shard: bool) -> dict:
+    fresh()
+    try:
+        device = rank_device(kind)
+        model = _model().to(device)
+        opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters(), shard_optimizer_state=shard)
+        for step in range(4):
+            opt.zero_grad()
+            _loss(model, hvd.rank(), step, device).backward()
+            opt.step()
+        moments = [t for entry in opt.state.values() for key, t in entry.items() if key != "step"]
+
+        def cpu(value: object) -> object:
+            if isinstance(value, torch.Tensor):
+                return value.cpu()
+            if isinstance(value, dict):
+                return {k: cpu(v) for k, v in value.items()}
+            return value
+
+        return {"params": [q.detach().cpu().clone() for q in model.parameters()],
+                "held": sorted(opt._parameter_names[q] for q in opt.state),
+                "state_devices": sorted({str(t.device) for t in moments}),
+                "state_dict": cpu(opt.state_dict()), "device": str(device)}
+    finally:
+        hvd.shutdown()
+
+
+def test_sharded_adam_on_the_device_takes_the_unsharded_steps(cuda_placement: Placement) -> None:
+    from ringtrain.sharding import consolidate
+
+    plain = cuda_placement.pool.run(_sharded_adam, cuda_placement.kind, False)
+    sharded = cuda_placement.pool.run(_sharded_adam, cuda_placement.kind, True)
+    names = {name for name, _ in _model().named_parameters()}
+    assert set().union(*(set(r["held"]) for r in sharded)) == names
+    assert sum(len(r["held"]) for r in sharded) == len(names)  # each parameter's state on one rank
+    for rank, result in enumerate(sharded):
+        assert result["state_devices"] == [result["device"]]
+        for i, (got, want) in enumerate(zip(result["params"], plain[rank]["params"])):
+            assert mismatch(f"rank {rank} param {i}", got, want, atol=1e-6, rtol=1e-6) is None
+        for got, first in zip(result["params"], sharded[0]["params"]):
+            assert torch.equal(got, first)
+    whole = consolidate([r["state_dict"] for r in sharded])
+    want = plain[0]["state_dict"]
+    assert whole["state"].keys() == want["state"].keys()
+    for index, entry in want["state"].items():
+        for key, value in entry.items():
+            assert mismatch(f"state {index}.{key}", whole["state"][index][key], value, atol=1e-6,
+                            rtol=1e-5) is None
+
+
+def test_sharded_state_with_grad_scaler_and_an_overflow_on_one_rank(cuda_placement: Placement) -> None:
+    results = cuda_placement.pool.run(_scaled_steps, cuda_placement.kind, True)
+    want = _reference_params(cuda_placement.size, passes=1, lr=0.1)
+    for rank, result in enumerate(results):
+        for i, (got, expected) in enumerate(zip(result["first"], want)):
+            assert mismatch(f"rank {rank} param {i}", got, expected, atol=1e-6, rtol=1e-6) is None
+        for got, before in zip(result["skipped"], result["first"]):
+            assert torch.equal(got, before), f"rank {rank} stepped on an overflow"
+        assert result["scales"] == (1024.0, 512.0)
+        for got, first in zip(result["last"], results[0]["last"]):
             assert torch.equal(got, first)
