@@ -157,6 +157,11 @@ UNPICKLERS = {
     "src/ringtrain/spark/task.py": 1,
     # CIFAR-10's batches: an Unpickler that refuses every global but numpy's array pieces.
     "src/ringtrain/workloads/cifar.py": 1,
+    # background snapshots: a rank and the writer process it started talk over an unnamed socket pair
+    # the rank made before starting it (nobody else can connect to it), and the state travels in a memfd
+    # only the two hold.
+    "src/ringtrain/train/background_snapshots.py": 1,
+    "src/ringtrain/train/snapshot_writer.py": 2,
 }
 
 
