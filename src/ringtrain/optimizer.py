@@ -419,7 +419,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bytes are gathered); unsharded, each rank owns everything and nothing is exchanged.
         """
         if self._ringtrain_sharding is None:
-            return sharding.unsharded_report(self)
+            if not self.process_set.included():
+                return sharding.unsharded_report(self)
+            return sharding.unsharded_report(self, self.process_set.rank() or 0, self.process_set.size() or 1)
         return self._ringtrain_sharding.report()
 
     def set_backward_passes_per_step(self, passes: int) -> None:

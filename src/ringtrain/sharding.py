@@ -642,13 +642,13 @@ class Sharding:
                               state_bytes=mine, state_bytes_by_rank=tuple(by_rank))
 
 
-def unsharded_report(optimizer: torch.optim.Optimizer) -> ShardingReport:
+def unsharded_report(optimizer: torch.optim.Optimizer, rank: int = 0, world_size: int = 1) -> ShardingReport:
     """The report of an unsharded optimizer: every rank owns everything (no communication)."""
     trainable = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     names = getattr(optimizer, "_parameter_names", {})
     mine = sum(_nbytes(entry) for entry in optimizer.state.values())
     elements = sum(p.numel() for p in trainable)
-    return ShardingReport(sharded=False, rank=0, world_size=1,
+    return ShardingReport(sharded=False, rank=rank, world_size=world_size,
                           owned=tuple(sorted(names.get(p, str(i)) for i, p in enumerate(trainable))),
                           parameters=len(trainable), owned_elements=elements, total_elements=elements,
                           state_bytes=mine, state_bytes_by_rank=(mine,))
