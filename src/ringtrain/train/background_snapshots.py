@@ -28,9 +28,10 @@ untouched (a failed write never renames anything).
 
 **A SIGKILL**, at any moment: of a rank before its hand-over, nothing was handed over (the previous
 snapshot is the newest); after it, the writer finishes and commits (its lock holds a restart's
-clean-up back until then), or, waiting for other ranks' parts when its rank is gone, gives up after
-``ORPHAN_GRACE_S`` and leaves no file; of the writer itself, its temporary file is left, never listed,
-removed at the next start, and its rank's next save reports the writer's end.
+clean-up back until then), or, waiting for other ranks' parts when its rank is gone, gives up as soon as
+no writer is writing the parts still missing (their locks tell) and leaves no file; of the writer
+itself, its temporary file is left, never listed, removed at the next start, and its rank's next save
+reports the writer's end.
 
 The Horovod API's own call, :func:`save_snapshot` / :func:`load_snapshot`, uses the same writer.
 """

@@ -52,7 +52,8 @@ from typing import Any
 MESSAGE_BYTES = 1 << 16
 #: How long rank 0's writer waits for the other ranks' part records before it gives the snapshot up.
 PART_WAIT_S = 600.0
-#: How long a writer whose rank is gone (or leaving) still waits for the other ranks' parts.
+#: How long a writer whose rank is gone (or leaving) still waits for the other ranks' parts where their
+#: writers' locks cannot tell whether those are still being written (a file system without locks).
 ORPHAN_GRACE_S = 10.0
 #: How the writer shares the CPU with training (``RINGTRAIN_SNAPSHOT_WRITER_SCHED``): ``idle`` (the
 #: default: Linux's SCHED_IDLE, it runs only on cores training leaves idle; when training keeps every
@@ -264,7 +265,9 @@ def _wait_for_records(folder: Path, job_spec: Mapping[str, Any], job: _Job,
     found: dict[int, dict[str, Any]] = {0: own}
     start = time.monotonic()
     deadline = start + float(spec.get("part_wait_s") or PART_WAIT_S)
-    while True:
+    gone: list[int] = []
+
+    def look() -> None:
         for rank in range(1, world):
             if rank in found:
                 continue
@@ -275,14 +278,27 @@ def _wait_for_records(folder: Path, job_spec: Mapping[str, Any], job: _Job,
             if record.get("error"):
                 raise _PeerFailed(rank, str(record["error"]))
             found[rank] = {"file": record["file"], "bytes": int(record["bytes"]), "sha256": record["sha256"]}
+
+    while True:
+        look()
         if len(found) == world:
             return [found[rank] for rank in range(world)]
         job.poll_rank()
         if job.leaving:
-            deadline = min(deadline, start + ORPHAN_GRACE_S, time.monotonic() + ORPHAN_GRACE_S)
+            # Nobody waits for this snapshot any more: go on waiting only for parts still being written,
+            # which their writers' locks tell (a writer leaves its record before it lets its lock go).
+            states = {rank: _writer_idle(folder, rank) for rank in range(1, world) if rank not in found}
+            idle = [rank for rank, state in states.items() if state]
+            if None in states.values():
+                deadline = min(deadline, start + ORPHAN_GRACE_S, time.monotonic() + ORPHAN_GRACE_S)
+            elif idle:
+                look()
+                gone = [rank for rank in idle if rank not in found]
+                if gone:
+                    deadline = time.monotonic()
         if time.monotonic() >= deadline:
             missing = [part_name(step, rank) for rank in range(world) if rank not in found]
-            why = ("this rank is leaving" if job.leaving
+            why = ("no writer is writing them" if gone else "this rank is leaving" if job.leaving
                    else f"they did not come within {deadline - start:.0f} s")
             raise SnapshotError(
                 f"snapshot {folder / snapshot_name(step)} was not committed: the parts "
@@ -290,6 +306,27 @@ def _wait_for_records(folder: Path, job_spec: Mapping[str, Any], job: _Job,
                 "intact. HINT: see those ranks' errors; the snapshot folder must be one that every rank "
                 "shares.")
         time.sleep(_POLL_S)
+
+
+def _writer_idle(folder: Path, rank: int) -> bool | None:
+    """Whether no writer of rank ``rank`` holds its lock in ``folder`` now (None: locks do not work there)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder / lock_name(rank), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def run_job(spec: Mapping[str, Any], arena: mmap.mmap, sock: socket.socket) -> dict[str, Any]:
