@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -344,7 +345,10 @@ class Trainer:
         gc.collect()
         self.strategy.teardown(wait_for_peers=not failed)
         if unsaved is not None:
-            raise unsaved
+            if sys.exc_info()[0] is not None:  # leaving on another exception (a finally): that one goes on
+                self.out.warn(str(unsaved))
+            else:
+                raise unsaved
 
     def __enter__(self) -> Trainer:
         return self
