@@ -43,6 +43,8 @@ def test_defaults_are_valid_and_frozen():
     ({"outer_lr": 0.7}, "sync_every"),
     ({"sync_every": 8, "compression": "powersgd"}, "sync_every=8"),
     ({"sync_every": 8, "compression": "auto"}, "compression='auto'"),
+    ({"shard_optimizer": True, "sync_every": 4}, "shard_optimizer=True"),
+    ({"shard_optimizer": 1}, "shard_optimizer=1"),
 ])
 def test_bad_values_are_named_with_a_hint(changes, named):
     with pytest.raises(ValueError, match="HINT") as info:

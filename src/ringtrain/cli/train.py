@@ -73,6 +73,8 @@ def register(subparsers: Any) -> None:
     run.add_argument(*spellings("--outer-momentum"), type=_float, default=0.0,
                      help="Local SGD's outer Nesterov momentum (0; DiLoCo: --outer-lr 0.7 "
                           "--outer-momentum 0.9)")
+    run.add_argument(*spellings("--shard-optimizer"), action="store_true",
+                     help="keep each parameter's optimizer state on one rank only (ZeRO stage 1)")
     run.add_argument(*spellings("--batches-per-allreduce"), type=_int, default=1,
                      help="micro-batches accumulated locally per allreduce and step (1)")
     run.add_argument("--amp", action="store_true", help="mixed precision (fp16 on CUDA, bf16 on CPU)")
@@ -261,6 +263,7 @@ def run_train(args: argparse.Namespace) -> int:
             batch_size=args.batch_size if args.batch_size is not None else defaults.batch_size,
             strategy=strategy, fp16_allreduce=args.fp16_allreduce, compression=args.compression,
             sync_every=args.sync_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+            shard_optimizer=args.shard_optimizer,
             batches_per_allreduce=args.batches_per_allreduce, amp=args.amp, scale_lr=args.scale_lr,
             warmup_epochs=args.warmup_epochs, seed=args.seed, save_every=save_every,
             save_every_steps=args.save_every_steps, snapshot_dir=snapshot_dir, keep_last=args.keep_last,

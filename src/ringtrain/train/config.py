@@ -49,6 +49,9 @@ class TrainerConfig:
     """Local SGD's outer learning rate, applied to the averaged parameter delta (1: plain averaging)."""
     outer_momentum: float = 0.0
     """Local SGD's outer (Nesterov) momentum; DiLoCo uses ``outer_lr=0.7, outer_momentum=0.9``."""
+    shard_optimizer: bool = False
+    """Keep each parameter's optimizer state on one rank only (ZeRO stage 1: about 1/N of it per rank;
+    horovod: ``DistributedOptimizer(shard_optimizer_state=True)``, ddp: torch's ZeroRedundancyOptimizer)."""
     batches_per_allreduce: int = 1
     """Micro-batches whose gradients are accumulated locally before one allreduce and optimizer step."""
     amp: bool = False
@@ -176,6 +179,13 @@ class TrainerConfig:
             raise ValueError(f"outer_lr={self.outer_lr} / outer_momentum={self.outer_momentum} apply only to "
                              "Local SGD's averaging. HINT: set sync_every (e.g. sync_every=8), or leave them "
                              "out.")
+        if not isinstance(self.shard_optimizer, bool):
+            raise ValueError(f"shard_optimizer={self.shard_optimizer!r} must be True or False. HINT: use "
+                             "shard_optimizer=True.")
+        if self.shard_optimizer and self.sync_every is not None:
+            raise ValueError(f"shard_optimizer=True with sync_every={self.sync_every}: under Local SGD every "
+                             "rank steps all of its parameters on its own, so every rank needs the whole "
+                             "optimizer state. HINT: use one of them.")
         if self.sync_every is not None and method.name in ("powersgd", "auto"):
             raise ValueError(f"sync_every={self.sync_every} with compression={self.compression!r}: Local SGD "
                              "averages parameters every few steps instead of gradients every step, so there "

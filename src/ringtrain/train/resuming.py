@@ -28,8 +28,8 @@ OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
 #: ``TrainerConfig`` fields that change what is computed: a difference is applied and said.
 NOTED_FIELDS = ("epochs", "batch_size", "batches_per_allreduce", "max_steps_per_epoch", "strategy",
-                "fp16_allreduce", "compression", "sync_every", "outer_lr", "outer_momentum", "amp",
-                "scale_lr", "warmup_epochs")
+                "fp16_allreduce", "compression", "sync_every", "outer_lr", "outer_momentum",
+                "shard_optimizer", "amp", "scale_lr", "warmup_epochs")
 
 #: Parameter-group entries that are not settings of the run (torch's schedulers add ``initial_lr``).
 _NOT_SETTINGS = ("params", "param_names", "initial_lr")

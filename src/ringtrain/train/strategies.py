@@ -14,6 +14,7 @@ differs from rank to rank (error feedback, parameters between averagings) is the
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import statistics
@@ -34,6 +35,8 @@ from ringtrain.train.logs import LOGGER_NAME
 
 #: The key of PowerSGD's state in the Horovod strategy's optimizer state (ringtrain.optimizer's).
 POWERSGD_KEY = "ringtrain_powersgd"
+#: The key of a rank's shard of the optimizer state in its snapshot part (sharded optimizer state).
+SHARD_KEY = "optimizer_shard"
 #: Bytes of the link probe's two allreduces (``--compression auto``): latency-bound, bandwidth-bound.
 PROBE_BYTES = (4 << 10, 4 << 20)
 PROBE_REPEATS = 3
@@ -67,8 +70,12 @@ class Strategy(ABC):
 
     def __init__(self, device: str | None = None, fp16_allreduce: bool = False,
                  batches_per_allreduce: int = 1, elastic: bool = False, compression: str = "none",
-                 local_sgd: LocalSGDSettings | None = None) -> None:
+                 local_sgd: LocalSGDSettings | None = None, shard_optimizer: bool = False) -> None:
         self.requested_device = device
+        #: Each parameter's optimizer state on one rank only (ZeRO stage 1).
+        self.shard_optimizer = shard_optimizer
+        #: What ``prepare`` found of the optimizer's state on this rank, for the log (sharded only).
+        self.sharding_note: str | None = None
         #: The Trainer runs inside ``hvd.elastic.run``: the first sync spreads rank 0's state instead of
         #: ``prepare`` (a worker joining a running group must not call collectives the others don't).
         self.elastic = elastic
@@ -179,6 +186,8 @@ class Strategy(ABC):
         if local and mine:
             model_state, optimizer_state = parts[0]["model"], parts[0]["optimizer"]
         self.unwrap(model).load_state_dict(model_state)
+        if parts and SHARD_KEY in parts[0]:
+            optimizer_state = self._from_shards([part[SHARD_KEY] for part in parts], mine)
         optimizer.load_state_dict(self._with_rank_state(optimizer_state, parts, mine))
         if local and not mine:
             # another world: every rank starts from the parameters of the last averaging
@@ -187,10 +196,22 @@ class Strategy(ABC):
                     "from the parameters of its last averaging")
         return None
 
-    def _with_rank_state(self, optimizer_state: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
-                         mine: bool) -> Mapping[str, Any]:
+    def _with_rank_state(self, optimizer_state: Any, parts: Sequence[Mapping[str, Any]],
+                         mine: bool) -> Any:
         """The optimizer state to load, with a strategy's own per-rank entries put back (none here)."""
         return optimizer_state
+
+    def wants_every_part(self, own: Mapping[str, Any]) -> bool:
+        """Whether, beside this rank's own part ``own`` of a snapshot of as many ranks, this rank needs
+        every rank's: to consolidate shards of the optimizer state into an unsharded one."""
+        return SHARD_KEY in own
+
+    def _from_shards(self, shards: list[Any], mine: bool) -> Any:
+        """What to load from the shards of a run with sharded optimizer state (each rank's part): this
+        strategy's optimizer takes them consolidated (as one unsharded state dict)."""
+        from ringtrain.sharding import consolidate
+
+        return consolidate(shards)
 
     def end_epoch(self, optimizer: Any) -> None:
         """At an epoch's end, before evaluation and snapshots: Local SGD averages the ranks' parameters,
@@ -288,6 +309,8 @@ class DDPStrategy(Strategy):
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group)
+        if self.shard_optimizer:
+            optimizer = self._zero(optimizer)
         if self.method.name == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -302,6 +325,42 @@ class DDPStrategy(Strategy):
 
             self._powersgd = DDPPowerSGD(wrapped, self.group, rank=self.method.rank or 4)
         return wrapped, optimizer
+
+    def _zero(self, optimizer: torch.optim.Optimizer) -> Any:
+        """torch's ZeroRedundancyOptimizer in place of ``optimizer``: its class, its settings, its groups."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        from ringtrain.sharding import check_request
+
+        check_request(optimizer, op=-1)
+        groups = optimizer.param_groups
+        # the first group's settings that the class's constructor takes (a group also holds derived
+        # entries, such as AdamW's decoupled_weight_decay, that its constructor does not)
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        first = {k: v for k, v in groups[0].items() if k != "params" and k in accepted}
+        zero = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=type(optimizer),
+                                       process_group=self.group, **first)
+        zero.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
+        for group in groups[1:]:
+            zero.add_param_group(dict(group))
+        self._note_zero(zero)
+        return zero
+
+    def _note_zero(self, zero: Any) -> None:
+        total = sum(p.numel() for group in zero.param_groups for p in group["params"])
+        self.sharding_note = (f"optimizer state sharded over {self.world_size} ranks by torch's "
+                              f"ZeroRedundancyOptimizer ({total:,} parameters)")
+
+    def shared_optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if not self._is_zero(optimizer):
+            return super().shared_optimizer_state(optimizer)
+        # consolidated on rank 0, which writes the snapshot (collective: every rank sends its shard)
+        optimizer.consolidate_state_dict(to=0)
+        return dict(optimizer.state_dict()) if self.rank == 0 else {}
+
+    @staticmethod
+    def _is_zero(optimizer: Any) -> bool:
+        return type(optimizer).__name__ == "ZeroRedundancyOptimizer"
 
     def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
         if self._powersgd is not None:
@@ -405,14 +464,19 @@ class HorovodStrategy(Strategy):
                 compression = getattr(Compression, self.wire_cast)
             wrapped = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                            compression=compression,
-                                           backward_passes_per_step=self.batches_per_allreduce)
+                                           backward_passes_per_step=self.batches_per_allreduce,
+                                           shard_optimizer_state=self.shard_optimizer)
             if not self.elastic:
                 broadcast_parameters(model.state_dict(), root_rank=0)
         if not self.elastic:
             broadcast_optimizer_state(wrapped, root_rank=0)
+        if self.shard_optimizer and self.local_sgd is None:
+            self.sharding_note = f"optimizer state sharded: {wrapped.sharding_report()}"  # collective
         return model, wrapped
 
     def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
+        if self.shard_optimizer and self.local_sgd is None:
+            return {SHARD_KEY: optimizer.state_dict()}  # its shard, with its PowerSGD state if any
         if self.method.name == "powersgd" and self.local_sgd is None:
             return {"powersgd": optimizer.state_dict().get(POWERSGD_KEY)}
         return super().rank_state(model, optimizer)
@@ -420,10 +484,23 @@ class HorovodStrategy(Strategy):
     def shared_optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         state = dict(optimizer.state_dict())
         state.pop(POWERSGD_KEY, None)  # each rank's error feedback: in its part
+        if self.shard_optimizer:
+            from ringtrain.sharding import KEY
+
+            state.pop(KEY, None)  # each rank's shard: in its part
         return state
 
-    def _with_rank_state(self, optimizer_state: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
-                         mine: bool) -> Mapping[str, Any]:
+    def wants_every_part(self, own: Mapping[str, Any]) -> bool:
+        # sharded, its own shard does at the same size; unsharded, it consolidates every rank's
+        return SHARD_KEY in own and not (self.shard_optimizer and self.local_sgd is None)
+
+    def _from_shards(self, shards: list[Any], mine: bool) -> Any:
+        # ringtrain's DistributedOptimizer takes the shards as they are: sharded, its own at the same size
+        # or every rank's at another; unsharded, every rank's (it consolidates them)
+        return shards[0] if mine and self.shard_optimizer else list(shards)
+
+    def _with_rank_state(self, optimizer_state: Any, parts: Sequence[Mapping[str, Any]],
+                         mine: bool) -> Any:
         if self.method.name != "powersgd" or not parts or parts[0].get("powersgd") is None:
             return optimizer_state
         from ringtrain.powersgd import merge_powersgd_states
@@ -470,7 +547,7 @@ STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "horovod": HorovodS
 
 def make_strategy(name: str, device: str | None = None, fp16_allreduce: bool = False,
                   batches_per_allreduce: int = 1, elastic: bool = False, compression: str = "none",
-                  local_sgd: LocalSGDSettings | None = None) -> Strategy:
+                  local_sgd: LocalSGDSettings | None = None, shard_optimizer: bool = False) -> Strategy:
     """A strategy by name, not yet set up (``elastic``: only ``horovod`` can re-form in process)."""
     try:
         cls = STRATEGIES[name]
@@ -481,4 +558,4 @@ def make_strategy(name: str, device: str | None = None, fp16_allreduce: bool = F
                          "not re-form in process. HINT: use strategy='horovod' (--strategy horovod) for "
                          "elastic training.")
     return cls(device=device, fp16_allreduce=fp16_allreduce, batches_per_allreduce=batches_per_allreduce,
-               elastic=elastic, compression=compression, local_sgd=local_sgd)
+               elastic=elastic, compression=compression, local_sgd=local_sgd, shard_optimizer=shard_optimizer)

@@ -84,7 +84,8 @@ class Trainer:
                      if config.sync_every is not None else None)
             strategy = make_strategy(config.strategy, config.device, config.fp16_allreduce,
                                      config.batches_per_allreduce, elastic=self.elastic,
-                                     compression=config.compression, local_sgd=local)
+                                     compression=config.compression, local_sgd=local,
+                                     shard_optimizer=config.shard_optimizer)
         self.strategy: Strategy = strategy
         self.strategy.setup()
         s = self.strategy
@@ -189,7 +190,11 @@ class Trainer:
                 f"{' (scaled)' if self.lr_factor != 1.0 else ''}, "
                 f"train items {self.train_loader.dataset_size}"
                 + (f", eval items {self.eval_loader.dataset_size}" if self.eval_loader else "")
-                + self._describe_exchange())
+                + self._describe_exchange() + self._describe_sharding())
+
+    def _describe_sharding(self) -> str:
+        note = self.strategy.sharding_note
+        return f"; {note}" if note else ""
 
     def _describe_exchange(self) -> str:
         """``; gradients: powersgd:4: 0.62 MB a step, 72.1x fewer bytes than fp32 (...)``; fp32: nothing."""
@@ -657,8 +662,9 @@ class Trainer:
             raise SnapshotError(problem)
         with self._agreed(f"loading {path}"):
             parts = self._own_parts(path, body)
+            # this rank's own part alone, or every rank's (another world, or shards to consolidate)
             same_world = int(body.get("world_size", -1)) == self.strategy.world_size
-            self.load_state(body, path, parts, mine=same_world)
+            self.load_state(body, path, parts, mine=same_world and len(parts) <= 1)
         changed = resuming.config_changes(body, self.config.as_dict(), self.strategy.world_size,
                                           self.train_loader.dataset_size)
         changed += self._apply_hyperparameters(body)
@@ -729,13 +735,16 @@ class Trainer:
 
     def _own_parts(self, path: Path, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The parts of snapshot ``path`` this rank needs: its own when the snapshot was written by as many
-        ranks as there are now, else every rank's (to merge); none when it has none."""
+        ranks as there are now (unless the strategy needs every part, to consolidate shards of the
+        optimizer state), else every rank's, in rank order (to merge); none when it has none."""
         count = int(body.get("parts") or 0)
         if not count:
             return []
         assert self.snapshots is not None
         if count == self.strategy.world_size:
-            return [self.snapshots.load_part(path, self.strategy.rank)]
+            own = self.snapshots.load_part(path, self.strategy.rank)
+            if not self.strategy.wants_every_part(own):
+                return [own]
         return [self.snapshots.load_part(path, rank) for rank in range(count)]
 
     def load_state(self, body: dict[str, Any], path: Path | str = "<state>",
