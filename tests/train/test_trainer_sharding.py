@@ -72,7 +72,7 @@ UNSHARDED = {"strategy": "horovod", "save_every_steps": 6}
 def test_sharded_training_takes_the_unsharded_steps_and_resumes_exactly(ranks2, tmp_path):
     sharded = ranks2.run(train_on_rank, str(tmp_path / "sharded"), SHARDED, timeout=300)
     unsharded = ranks2.run(train_on_rank, str(tmp_path / "unsharded"), UNSHARDED, timeout=300)
-    assert "optimizer state sharded: " in sharded[0]["describe"]
+    assert "; optimizer state sharded over 2 ranks: rank 0 owns " in sharded[0]["describe"]
     for s, u in zip(sharded, unsharded):
         assert s["step"] == u["step"] == 24
         _close(s["params"], u["params"])

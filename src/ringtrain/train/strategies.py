@@ -471,7 +471,7 @@ class HorovodStrategy(Strategy):
         if not self.elastic:
             broadcast_optimizer_state(wrapped, root_rank=0)
         if self.shard_optimizer and self.local_sgd is None:
-            self.sharding_note = f"optimizer state sharded: {wrapped.sharding_report()}"  # collective
+            self.sharding_note = str(wrapped.sharding_report())  # collective
         return model, wrapped
 
     def rank_state(self, model: nn.Module, optimizer: Any) -> dict[str, Any] | None:
