@@ -9,6 +9,7 @@ and a failed worker costs the work since the last commit, not the job (:mod:`rin
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -593,8 +594,11 @@ class Trainer:
                 path = self.snapshots.save(state, self.step, parts=records)
         self._last_snapshot = (self.step, path)
         took = time.perf_counter() - started
-        timing = SnapshotTiming(self.step, str(path), "sync", took, took,
-                                path.stat().st_size if s.rank == 0 and path is not None else 0)
+        size = 0
+        if s.rank == 0 and path is not None:
+            with contextlib.suppress(OSError):  # pruned at once when the folder holds newer snapshots
+                size = path.stat().st_size
+        timing = SnapshotTiming(self.step, str(path), "sync", took, took, size)
         self.snapshot_saves.append(timing)
         self._say(timing.line())
         return path
