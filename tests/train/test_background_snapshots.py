@@ -65,6 +65,7 @@ def _state() -> dict[str, Any]:
     model(torch.tensor([1, 2, 3])).sum().backward()
     optimizer.step()
     flat = torch.arange(40, dtype=torch.float32)
+    shared = torch.arange(3.0)
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -72,7 +73,9 @@ def _state() -> dict[str, Any]:
         "empty": torch.empty(0, 4),
         "scalar": torch.tensor(2.5, dtype=torch.float64),
         "unsigned": torch.tensor([1, 2, 3], dtype=torch.uint16),  # a dtype torch pickles the newer way
-        "parameter": nn.Parameter(torch.ones(2)),
+        "parameters": [nn.Parameter(torch.full((2,), float(n))) for n in range(12)]
+        + [nn.Parameter(torch.zeros(3), requires_grad=False)],  # each reduced to a new tensor in turn
+        "twice": {"a": shared, "b": [shared]},  # one tensor object in two places
         "mask": torch.tensor([True, False]),
         "config": {"device": "cpu", "strategy": "ddp", "seed": 0, "lr": 1e-3, "none": None, "pair": (1, 2)},
         "ordered": OrderedDict(a=1, b=[1.5, "storage"]),
@@ -117,6 +120,8 @@ def test_the_api_writes_what_torch_save_writes_and_loads_it_verified(tmp_path):
     assert torch.equal(loaded["views"][1], state["views"][1])
     assert loaded["views"][0].untyped_storage().data_ptr() == loaded["views"][2].untyped_storage().data_ptr()
     assert loaded["config"] == state["config"]
+    assert loaded["twice"]["a"] is loaded["twice"]["b"][0]
+    assert [p[0].item() for p in loaded["parameters"][:12]] == list(range(12))
     # a folder: the newest file that verifies; a damaged newer one is skipped
     ringtrain.save_snapshot({"epoch": 5, "w": torch.zeros(3)}, tmp_path / "ckpt" / "epoch-5.pt").wait()
     assert ringtrain.load_snapshot(tmp_path / "ckpt")["epoch"] == 5

@@ -226,6 +226,9 @@ class _Capture(pickle.Pickler):
     def __init__(self, file: BytesIO, layout: _Layout) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.layout = layout
+        self._tensors: dict[int, int] = {}
+        """Plain tensors met so far (by ``id``), by their index: one object in the writer too."""
+        self._kept: list[Any] = []
 
     def persistent_id(self, obj: Any) -> Any:
         kind = type(obj)
@@ -240,6 +243,19 @@ class _Capture(pickle.Pickler):
             return None
         import torch
 
+        if kind is torch.Tensor:
+            # the common case, described here rather than through the tensor's own reduce (a few times
+            # faster): the writer rebuilds the same tensor, whose reduce then writes the same bytes
+            _check_tensor(obj)
+            seen = self._tensors.get(id(obj))
+            if seen is not None:
+                return (3, seen)
+            index = self._tensors[id(obj)] = len(self._tensors)
+            self._kept.append(obj)  # alive until the end: a tensor made while pickling keeps its id to itself
+            dtype = torch.uint8 if obj.dtype in _new_dtypes() else obj.dtype  # as torch.save checks them
+            placed = self.layout.place(obj.untyped_storage(), dtype)
+            return (2, index, placed, obj.dtype, obj.storage_offset(), tuple(obj.size()), obj.stride(),
+                    obj.requires_grad, torch._utils.get_tensor_metadata(obj))
         if isinstance(obj, torch.storage.TypedStorage):
             return self.layout.place(obj._untyped_storage, obj.dtype)
         if isinstance(obj, torch.UntypedStorage):
@@ -251,6 +267,13 @@ class _Capture(pickle.Pickler):
         if module not in _MODULES:
             raise _Unsupported(f"an object of {getattr(kind, '__module__', '?')}.{kind.__qualname__}")
         return None
+
+
+def _new_dtypes() -> Any:
+    """The dtypes torch.save pickles with an untyped storage (``_rebuild_tensor_v3``)."""
+    import torch
+
+    return torch.storage._new_dtypes()
 
 
 def _check_tensor(tensor: Any) -> None:

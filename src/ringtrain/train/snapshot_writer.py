@@ -126,14 +126,33 @@ class _Rebuild(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._arena = arena
         self._storages: dict[int, Any] = {}
+        self._tensors: dict[int, Any] = {}
         self._origins = origins
 
     def persistent_load(self, pid: Any) -> Any:
         import torch
 
-        if pid[0] == 1:
+        kind = pid[0]
+        if kind == 1:
             return _CONSTANTS[pid[1]]  # torch's own string, as the rank's structure held it
-        _, index, offset, nbytes, location, dtype = pid
+        if kind == 3:
+            return self._tensors[pid[1]]  # a tensor met before: the same object
+        if kind == 2:  # a plain tensor: rebuilt as torch.load's _rebuild_tensor_v2/_v3 rebuild one
+            _, index, placed, dtype, offset, size, stride, requires_grad, metadata = pid
+            tensor = torch.empty((0,), dtype=dtype).set_(self._storage(placed), offset, size, stride)
+            if requires_grad:
+                tensor.requires_grad = True
+            if metadata:
+                torch._utils.set_tensor_metadata(tensor, metadata)
+            self._tensors[index] = tensor
+            return tensor
+        return torch.storage.TypedStorage(wrap_storage=self._storage(pid), dtype=pid[5], _internal=True)
+
+    def _storage(self, placed: Any) -> Any:
+        """The storage a persistent id of the rank places in the arena (one object per storage)."""
+        import torch
+
+        _, index, offset, nbytes, location, _ = placed
         storage = self._storages.get(index)
         if storage is None:
             if nbytes:
@@ -144,7 +163,7 @@ class _Rebuild(pickle.Unpickler):
             if location is not None:
                 self._origins[storage._cdata] = location
             self._storages[index] = storage
-        return torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+        return storage
 
 
 _origins: dict[int, str] = {}
