@@ -589,7 +589,7 @@ def wait_for_writers(folder: str | os.PathLike[str], timeout: float = WRITER_WAI
         return notes
     for path in sorted(folder.glob(".snapshot-writer.rank-*.lock")):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # flock needs no more (a read-only folder too)
         except OSError:
             continue
         try:
@@ -715,10 +715,6 @@ class TrainerSnapshots:
         if self._handle is not None and _writer is not None:
             _writer.cancel()
 
-    def wait(self) -> SnapshotError | None:
-        """Wait for the write in flight without telling anyone (the Trainer closes)."""
-        return self.settle()
-
 
 # --- the Horovod API's own call ------------------------------------------------------------------------
 
@@ -800,7 +796,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> Any:
         if file.name.startswith("."):
             continue
         with contextlib.suppress(OSError, ValueError):
-            record = json_of(checksum_path(file))
+            record = _json_of(checksum_path(file))
             if record.get("format") == CHECKSUM_FORMAT and record.get("file") == file.name:
                 candidates.append((file.stat().st_mtime_ns, file))
     for _, file in sorted(candidates, reverse=True):
@@ -812,7 +808,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> Any:
     return None
 
 
-def json_of(path: Path) -> dict[str, Any]:
+def _json_of(path: Path) -> dict[str, Any]:
     import json
 
     body = json.loads(path.read_text())

@@ -332,7 +332,7 @@ def _writer_idle(folder: Path, rank: int) -> bool | None:
     import fcntl
 
     try:
-        fd = os.open(folder / lock_name(rank), os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(folder / lock_name(rank), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return True
     except OSError:
