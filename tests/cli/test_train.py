@@ -69,6 +69,14 @@ def _ringtrain(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     (["--min-np", "1", "--strategy", "ddp"], "needs --strategy horovod, not --strategy ddp"),
     (["--signals-to-handle", "SIGTERM,SIGKILL"], "--signals-to-handle SIGTERM,SIGKILL: 'SIGKILL' is not"),
     (["--max-restarts", "2", "--no-resume"], "--no-resume with --max-restarts"),
+    (["--compression", "zstd"], "--compression zstd is not known. HINT: use one of none, fp16, bf16"),
+    (["--compression", "powersgd:0"], "--compression powersgd:0: PowerSGD's rank must be a whole number"),
+    (["--compression", "bf16", "--fp16-allreduce"], "--fp16-allreduce and --compression bf16 both say"),
+    (["--sync-every", "0"], "--sync-every 0 must be a whole number of at least 1"),
+    (["--outer-lr", "0.7"], "apply only to Local SGD's averaging. HINT: set e.g. --sync-every 8"),
+    (["--sync-every", "8", "--outer-momentum", "1"], "--outer-momentum 1.0 must be a number from 0"),
+    (["--sync-every", "8", "--compression", "powersgd"], "--sync-every 8 with --compression powersgd"),
+    (["--shard-optimizer", "--sync-every", "4"], "--shard-optimizer with --sync-every 4"),
 ])
 def test_bad_flags_exit_2_with_a_hint(capsys, argv, message):
     assert main(["train", "mnist", *QUICK, *argv]) == 2
@@ -307,6 +315,7 @@ def test_the_flags_are_frozen_and_every_long_flag_has_a_snake_case_spelling():
     assert dashed == {
         "-h", "--help", "-np", "--num-proc", "--epochs", "--batch-size", "--lr", "--optimizer", "--momentum",
         "--weight-decay", "--arch", "--strategy", "--fp16-allreduce", "--batches-per-allreduce", "--amp",
+        "--compression", "--sync-every", "--outer-lr", "--outer-momentum", "--shard-optimizer",
         "--scale-lr", "--warmup-epochs", "--seed", "--eval-every", "--max-steps-per-epoch", "--device",
         "--threads", "--num-workers", "--data-dir", "--download", "--cache-dir", "--subset", "--like",
         "--save-every",

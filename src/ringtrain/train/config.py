@@ -166,7 +166,7 @@ class TrainerConfig:
         method = parse_compression(self.compression)
         if self.fp16_allreduce and method.name not in ("none", "fp16"):
             raise ValueError(f"fp16_allreduce=True and compression={self.compression!r} both say how "
-                             "gradients travel. HINT: drop fp16_allreduce, or use compression='fp16'.")
+                             "gradients travel. HINT: drop fp16_allreduce=True, or use compression='fp16'.")
         _optional_positive_int("sync_every", self.sync_every, 8, "to average gradients every step")
         for name, low, high in (("outer_lr", 0.0, float("inf")), ("outer_momentum", 0.0, 1.0)):
             value = getattr(self, name)
@@ -177,8 +177,7 @@ class TrainerConfig:
                                  f"{0.7 if name == 'outer_lr' else 0.9} (DiLoCo), or leave it out.")
         if self.sync_every is None and (self.outer_lr != 1.0 or self.outer_momentum != 0.0):
             raise ValueError(f"outer_lr={self.outer_lr} / outer_momentum={self.outer_momentum} apply only to "
-                             "Local SGD's averaging. HINT: set sync_every (e.g. sync_every=8), or leave them "
-                             "out.")
+                             "Local SGD's averaging. HINT: set e.g. sync_every=8, or leave them out.")
         if not isinstance(self.shard_optimizer, bool):
             raise ValueError(f"shard_optimizer={self.shard_optimizer!r} must be True or False. HINT: use "
                              "shard_optimizer=True.")
@@ -190,8 +189,8 @@ class TrainerConfig:
             raise ValueError(f"sync_every={self.sync_every} with compression={self.compression!r}: Local SGD "
                              "averages parameters every few steps instead of gradients every step, so there "
                              "are no gradients for PowerSGD to compress or for 'auto' to choose for. HINT: "
-                             "use one of them; with sync_every, compression='fp16' or 'bf16' casts the "
-                             "averaged deltas.")
+                             f"use one of them; with sync_every={self.sync_every}, compression='fp16' or "
+                             "compression='bf16' casts the averaged deltas.")
 
     def exchange_method(self) -> Method:
         """The :class:`ringtrain.exchange.Method` these settings ask for (``auto`` still undecided)."""
