@@ -141,6 +141,18 @@ def test_a_rank_stopped_by_sigterm_after_its_own_error_is_the_root_cause(consequ
     assert earliest([stopped_after_consequence, failure(0, 101.0, exitcode=2)]).rank == 0
 
 
+def test_a_node_that_lost_node_0_comes_after_the_rank_node_0_lost():
+    # rank 0 on hostA was killed (its agent times it to the whole second, with no message); node 1's
+    # agent then lost the rendezvous node 0 hosted, and said so, inside the same second
+    killed = failure(0, 100.0, exitcode=-signal.SIGKILL)
+    lost = RankFailure(host="hostB", rank=-1, local_rank=-1, exitcode=1, pid=7, time=100.4,
+                       message="node 1: lost node 0, which hosts the rendezvous at hostA:31426 (node 0 "
+                               "(hostA) gave up: its rank(s) 0 failed in attempt 0): its agent ended or "
+                               "its host is unreachable. HINT: look at node 0's output for the cause.")
+    assert earliest([lost, killed]) is killed
+    assert earliest([killed, lost]) is killed
+
+
 @pytest.mark.parametrize("other_message", ["ValueError: bad batch", ""])
 def test_a_sigterm_d_rank_with_its_own_error_is_ordered_by_its_time_like_any_failure(other_message):
     stopped_after_error = failure(1, 100.4, exitcode=-signal.SIGTERM, message="RuntimeError: boom")

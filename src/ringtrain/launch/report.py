@@ -27,12 +27,13 @@ PREEMPTED_EXIT = 75
 _GPU_WORDS = re.compile(r"cuda|nccl|nvidia|\bgpus?\b", re.IGNORECASE)
 
 #: Words in an error that mean the rank failed because another one failed first or went away (gloo's
-#: and NCCL's transports; ringtrain's control plane, heartbeats and aborted waits): a consequence, not a
-#: cause.
+#: and NCCL's transports; ringtrain's control plane, heartbeats and aborted waits; a node's agent that
+#: lost node 0 once node 0 gave up after its own rank failed): a consequence, not a cause.
 _CONSEQUENCE_WORDS = re.compile(r"closed by peer|reset by peer|broken pipe|remote process exited|"
                                 r"\(it exited or failed\)|: it exited or failed|failed during a transfer|"
                                 r"exited: its connection is closed|has given no sign of life for|"
-                                r"has failed: .* heard no heartbeat|was abandoned: ",
+                                r"has failed: .* heard no heartbeat|was abandoned: |"
+                                r"lost node \d+, which hosts the rendezvous",
                                 re.IGNORECASE)
 #: The first words of ringtrain's engine's ``SHUT_DOWN_MESSAGE`` (ringtrain.engine.background): every
 #: rank's pending and later collectives fail with it once any rank stops the engine (it failed and its
