@@ -45,19 +45,8 @@ for an allgather; within one host both are memory copies of the same order.
 **Memory.** Optimizer state: the owned parameters' only (about ``1/n``). Gradients and parameters:
 whole on every rank, as ZeRO stage 1 keeps them.
 
-**Measured** (2 ranks on the 2-core AMD EPYC VM, one thread each, while other jobs ran on it: the
-times varied by 2x between runs, so only runs side by side compare; a 10.5M-parameter MLP of ten
-1024 x 1024 layers, Adam, batch 32): optimizer state 42.0 MB per rank against 84.0 MB unsharded
-(0.50x). Step: 100-160 ms sharded against 190-280 ms for torch's ``ZeroRedundancyOptimizer`` under
-DDP (gloo) in the same rounds (1.35-1.97x its throughput) and 90-150 ms unsharded. Of the step, Adam
-on the owned half took 30 ms against 55 ms for all of it, and the exchange of parameters 34 ms, as
-long as the allreduce of the gradients (33 ms). Peak resident memory: 564-579 MB sharded, 521-554 MB
-for ZeroRedundancyOptimizer, 608-636 MB unsharded. Private memory is lower than ZeRO's (392-407 MB
-against 426-460 MB: no DDP bucket copy of the gradients), but each rank also maps 80 MB of shared
-memory: the engine's allreduce segment on one host, as large as its largest fused allreduce (here
-every gradient, 40 MB), and the peer's segment it reads. The unsharded optimizer maps the same.
-``HOROVOD_FUSION_THRESHOLD=16777216`` with ``RINGTRAIN_BUCKET_CAP_MB=8`` bounds it (24 MB mapped):
-507-528 MB, below ZeRO's, at a step time within the spread of the default's.
+What it saves and costs, measured against torch's ``ZeroRedundancyOptimizer``: benchmarks/README.md
+(``shard_bench.py``).
 
 **State dicts.** ``state_dict()`` is this rank's shard: torch's layout with an empty ``"state"``, plus
 ``"ringtrain_sharded"``: ``world`` (the set's size), ``rank``, ``owners`` (every trainable parameter's
