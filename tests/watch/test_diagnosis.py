@@ -160,3 +160,18 @@ def test_a_rank_waiting_on_its_own_lock_is_not_inside_a_collective():
     graph = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
     torch_frame = {**record, "innermost": [graph, 9, "x"]}
     assert RankView.from_record(torch_frame, "hostA").in_library is True
+
+
+def test_a_frame_read_between_lines_still_gives_a_view():
+    """A frame read from another thread may run an instruction of no line (``f_lineno`` None): the
+    probe then names the function's first line, and a record with no line is still read (it once
+    stopped the watch with a TypeError)."""
+    from types import SimpleNamespace
+
+    from ringtrain.watch.probe import line_of
+
+    code = SimpleNamespace(co_firstlineno=40, co_filename="train.py", co_name="step")
+    assert line_of(SimpleNamespace(f_lineno=None, f_code=code)) == 40  # type: ignore[arg-type]
+    assert line_of(SimpleNamespace(f_lineno=42, f_code=code)) == 42  # type: ignore[arg-type]
+    record = {"rank": 1, "pid": 7, "progress_time": 1.0, "sequence": 7, "where": ["train.py", None, "step"]}
+    assert RankView.from_record(record, "hostB").where == ("train.py", 0, "step")

@@ -60,7 +60,7 @@ class RankView:
                    progress_time=float(record["progress_time"]), sequence=record.get("sequence"),
                    collective=record.get("collective"),
                    engine_pending=tuple(engine.get("pending", ())) if engine else None,
-                   where=(str(where[0]), int(where[1]), str(where[2])) if where else None,
+                   where=(str(where[0]), int(where[1] or 0), str(where[2])) if where else None,
                    in_library=inner is not None and is_library(inner[0]), process=process, cpu=cpu)
 
     def condition(self) -> str:

@@ -30,7 +30,7 @@ def view_from_wire(body: dict[str, Any], received: float) -> RankView:
     last progress as the agent measured it)."""
     fields = {k: v for k, v in body.items() if k in RankView.__dataclass_fields__}
     where = fields.get("where")
-    fields["where"] = (str(where[0]), int(where[1]), str(where[2])) if where else None
+    fields["where"] = (str(where[0]), int(where[1] or 0), str(where[2])) if where else None
     pending = fields.get("engine_pending")
     fields["engine_pending"] = tuple(pending) if pending is not None else None
     fields["progress_time"] = received - float(body.get("quiet", 0.0))

@@ -76,12 +76,19 @@ def is_library(filename: str) -> bool:
     return any(part in filename for part in _HIDDEN_PARTS[:3])
 
 
+def line_of(frame: FrameType) -> int:
+    """The line ``frame`` runs; its function's first line while it runs an instruction that belongs to
+    no line (``f_lineno`` is then None, as it may be in a frame read from another thread)."""
+    line = frame.f_lineno
+    return line if line is not None else frame.f_code.co_firstlineno
+
+
 def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost frame of the user's code in ``frame``'s stack."""
     while frame is not None:
         code = frame.f_code
         if is_users(code.co_filename):
-            return code.co_filename, frame.f_lineno, code.co_name
+            return code.co_filename, line_of(frame), code.co_name
         frame = frame.f_back
     return None
 
@@ -89,7 +96,7 @@ def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
 def innermost(frame: FrameType | None) -> tuple[str, int, str] | None:
     if frame is None:
         return None
-    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+    return frame.f_code.co_filename, line_of(frame), frame.f_code.co_name
 
 
 def all_stacks() -> str:
