@@ -108,3 +108,29 @@ def test_finished_ranks_of_a_job_that_failed_elsewhere_exit_1(tmp_path, capsys) 
     run.agents.append(SimpleNamespace(closed_while_finishing="node 1 lost"))
     assert agent._finished(run) == 1
     assert "this node's ranks finished, but the job failed elsewhere: node 1 lost" in capsys.readouterr().err
+
+
+def test_a_node_that_lost_node_0_still_reports_its_rank_that_had_failed_on_its_own(tmp_path, capsys) -> None:
+    """Rank 1 here raised (its error file written) and was still exiting when node 0 gave up after its
+    own rank failed because of rank 1: the driver hears of rank 1's error as well as of the lost node,
+    and rank 1, timed first, is the root cause (CI once named rank 0 on the other host)."""
+    import json
+
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {
+        "message": "RuntimeError: boom at step 5",
+        "extraInfo": {"py_callstack": 'Traceback ...\n    raise RuntimeError("boom at step 5")\n',
+                      "timestamp": "100"}}}))
+    run = node_run(tmp_path, failure_marker=True)
+    run.agents.append(SimpleNamespace(rank_errors=lambda: [(1, 0, 4242, str(error_file))]))
+    lost = RendezvousFailedError("lost node 0, which hosts the rendezvous at 10.0.0.1:29500 (closed): its "
+                                 "agent ended or its host is unreachable. HINT: look at node 0's output.")
+    assert exit_code(run, lost) == 1
+    markers = [RankFailure.from_marker(line) for line in capsys.readouterr().err.splitlines()]
+    own, node = [m for m in markers if m is not None]
+    assert (own.rank, own.message, own.time, own.pid) == (1, "RuntimeError: boom at step 5", 100.0, 4242)
+    assert node.rank == -1
+    assert "lost node 0" in node.message
+    consequence = RankFailure(host="hostA", rank=0, local_rank=0, exitcode=1, pid=7, time=100.2,
+                              message="HorovodInternalError: Horovod has been shut down.")
+    assert agent.earliest([consequence, node, own]) is own

@@ -446,6 +446,13 @@ def _settings_disagree(run: _NodeRun, exc: BaseException) -> int:
 
 
 def _meeting_failed(run: _NodeRun, exc: BaseException) -> int:
+    if run.spec.failure_marker and run.agents:
+        # This node lost the rendezvous (node 0 gave up after a rank failed): a rank here that had
+        # already failed on its own, its error file written and its exit still under way, is the cause,
+        # and the driver must hear of it as well as of the node's own failure.
+        first = earliest([f for f in _own_errors(run) if f.message])
+        if first is not None:
+            print(first.to_marker(), file=sys.stderr, flush=True)
     return _node_error(run.spec, run.host, f"node {run.spec.node_rank}: {exc}", 1)
 
 
