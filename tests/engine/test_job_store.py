@@ -131,6 +131,146 @@ def test_timeouts_raise_torchs_store_error(store):
     assert store.get("after") == b"1"
 
 
+def _on_loop(server: job_store.JobStoreServer, read: Callable[[], object]) -> object:
+    """``read()`` run on the server's own thread, between two of its callbacks."""
+    done = threading.Event()
+    box: list[object] = []
+
+    def run() -> None:
+        box.append(read())
+        done.set()
+
+    server._loop.call_soon_threadsafe(run)
+    assert done.wait(30)
+    return box[0]
+
+
+def _waiting_keys(server: job_store.JobStoreServer) -> dict[str, int]:
+    """How many requests wait for each key, read on the server's thread."""
+    counts = _on_loop(server, lambda: {k: len(v) for k, v in server._waiters.items()})
+    assert isinstance(counts, dict)
+    return counts
+
+
+def _until(condition: Callable[[], bool], guard_s: float = 60.0) -> None:
+    """Return once ``condition()`` holds (it reads the server's state); fail after the hang guard."""
+    end = time.monotonic() + guard_s
+    while not condition():
+        assert time.monotonic() < end, "the server never got there"
+        time.sleep(0.005)
+
+
+def test_a_write_wakes_only_the_requests_waiting_for_its_key(server, store):
+    clients = [job_store.JobStore(server.address, SECRET, timeout=30.0) for _ in range(6)]
+    got: dict[int, bytes] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, clients[i].get(f"k{i % 3}")))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    _until(lambda: sum(_waiting_keys(server).values()) == 6)
+    assert _waiting_keys(server) == {"k0": 2, "k1": 2, "k2": 2}
+    store.set("k1", "one")
+    threads[1].join(30)
+    threads[4].join(30)
+    assert got == {1: b"one", 4: b"one"}
+    assert _waiting_keys(server) == {"k0": 2, "k2": 2}  # the others were not even looked at
+    store.multi_set(["k0", "k2"], ["zero", "two"])
+    for t in threads:
+        t.join(30)
+    assert got == {0: b"zero", 1: b"one", 2: b"two", 3: b"zero", 4: b"one", 5: b"two"}
+    assert _waiting_keys(server) == {}
+    for c in clients:
+        c.close()
+
+
+def test_a_wait_for_several_keys_waits_for_each_and_a_timed_out_one_leaves_nothing_behind(server, store):
+    with pytest.raises(dist.DistStoreError):
+        store.wait(["a", "b"], datetime.timedelta(milliseconds=100))
+    assert _waiting_keys(server) == {}
+    other = job_store.JobStore(server.address, SECRET, timeout=30.0)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (other.wait(["a", "b"]), done.set()))
+    thread.start()
+    _until(lambda: _waiting_keys(server) == {"a": 1})
+    store.set("a", "1")
+    _until(lambda: _waiting_keys(server) == {"b": 1})  # moved on to the next missing key
+    assert not done.is_set()
+    store.set("b", "2")
+    thread.join(30)
+    assert done.is_set()
+    other.close()
+
+
+def test_a_request_behind_a_waiting_one_is_answered_after_it(server, store):
+    """Requests on one connection are answered in order, even when the first one waits."""
+    other = job_store.JobStore(server.address, SECRET, timeout=30.0)
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(other.get("late")))
+    thread.start()
+    _until(lambda: _waiting_keys(server) == {"late": 1})
+    store.set("late", "v")
+    thread.join(30)
+    assert results == [b"v"]
+    assert other.add("n", 2) == 2  # the connection goes on after a reply that waited
+    other.close()
+
+
+def test_a_burst_of_ranks_connecting_at_once_is_served_without_refusals(server, monkeypatch):
+    """Ranks start together: each connects once (the bound used to refuse most of a large burst)."""
+    count = 300
+    go = threading.Event()
+    connects: list[int] = []
+    errors: list[BaseException] = []
+    real_connect = socket.create_connection
+    tries = threading.local()
+
+    def counted(*args: object, **kwargs: object) -> socket.socket:
+        tries.n = getattr(tries, "n", 0) + 1
+        return real_connect(*args, **kwargs)  # type: ignore[arg-type]
+
+    def rank(r: int) -> None:
+        go.wait()
+        try:
+            client = job_store.JobStore(server.address, SECRET, timeout=120.0)
+            if client.add("arrived", 1) == count:
+                client.set("all", "1")
+            client.get("all")
+            connects.append(tries.n)
+            client.close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    monkeypatch.setattr(socket, "create_connection", counted)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(count)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert server.refused == 0
+    assert server.accepted == count
+    assert connects == [1] * count
+
+
+def test_the_handshake_bound_follows_the_descriptor_limit(monkeypatch):
+    import resource
+
+    for soft, bound in ((20000, 9872), (1024, 384), (256, job_store.MAX_HANDSHAKES)):
+        monkeypatch.setattr(resource, "getrlimit", lambda _which, soft=soft: (soft, 1 << 20))
+        assert job_store.default_max_handshakes() == bound
+
+
+def test_retries_back_off_with_jitter_up_to_a_second():
+    first = [job_store.retry_delay(0) for _ in range(200)]
+    late = [job_store.retry_delay(12) for _ in range(200)]
+    assert min(first) >= 0.025
+    assert max(first) <= 0.075
+    assert len(set(first)) > 100  # spread out, not all at once
+    assert min(late) >= 0.5
+    assert max(late) <= 1.5
+
+
 class _Interrupted(Exception):
     pass
 
@@ -140,16 +280,16 @@ def test_a_request_interrupted_by_a_signal_drops_the_connection_instead_of_readi
     """The launcher's Ctrl-C arrives as an exception raised wherever its main thread is, often waiting
     for a reply; the next request on that connection must not take the late reply for its own."""
     receiving = threading.Event()
-    real_recv = job_store.recv_exact
+    real_receive = job_store.JobStore._receive
 
-    def recv_exact(sock: socket.socket, count: int) -> bytearray:
+    def receive(self: job_store.JobStore, sock: socket.socket) -> bytes:
         receiving.set()
-        return real_recv(sock, count)
+        return real_receive(self, sock)
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise _Interrupted
 
-    monkeypatch.setattr(job_store, "recv_exact", recv_exact)
+    monkeypatch.setattr(job_store.JobStore, "_receive", receive)
     previous = signal.signal(signal.SIGUSR1, interrupt)
     main = threading.get_ident()
     sender = threading.Thread(target=lambda: receiving.wait(60) and signal.pthread_kill(main, signal.SIGUSR1))
