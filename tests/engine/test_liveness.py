@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -116,6 +117,85 @@ def test_large_worlds_watch_ring_neighbours_only():
     assert liveness.watched_peers(1, 4) == [0, 2, 3]
     assert liveness.watched_peers(0, 200) == [1, 2, 198, 199]
     assert liveness.watched_peers(100, 200) == [98, 99, 101, 102]
+
+
+def test_large_worlds_read_the_records_at_power_of_two_distances_and_a_notice_floods_them_all():
+    assert liveness.contacted_peers(1, 4) == [0, 2, 3]
+    assert liveness.contacted_peers(0, 200) == [1, 2, 4, 8, 16, 32, 64, 72, 128, 136, 168, 184, 192,
+                                                196, 198, 199]
+    for size in (65, 1000, 16384):
+        links = {r: liveness.contacted_peers(r, size) for r in range(size)}
+        assert max(len(v) for v in links.values()) <= 2 * size.bit_length()
+        assert all(set(liveness.watched_peers(r, size)) <= set(links[r]) for r in range(0, size, 97))
+        # A notice forwarded once by every rank that gets it reaches all, in about log2(N) hops.
+        reached, frontier, hops = {0}, {0}, 0
+        while frontier:
+            frontier = {p for r in frontier for p in links[r]} - reached
+            reached |= frontier
+            hops += frontier != set()
+        assert len(reached) == size
+        assert hops <= size.bit_length()
+
+
+class _CountingStore:
+    """A HashStore that counts the requests each rank makes (each rank's calls come on its thread)."""
+
+    def __init__(self) -> None:
+        self._store = dist.HashStore()
+        self.calls: dict[int, int] = {}
+        self._local = threading.local()
+
+    def rank_is(self, rank: int) -> None:
+        self._local.rank = rank
+
+    def __getattr__(self, name: str):
+        method = getattr(self._store, name)
+
+        def counted(*args, **kwargs):
+            rank = self._local.rank
+            self.calls[rank] = self.calls.get(rank, 0) + 1
+            return method(*args, **kwargs)
+        return counted
+
+
+@pytest.mark.parametrize("size", [2, 8, 32, 80])
+def test_setting_up_costs_each_rank_the_same_few_store_requests_at_any_size(size, monkeypatch):
+    store = _CountingStore()
+    reports = _Reports(size)
+    original = liveness.Heartbeats.start
+
+    def start(store_arg, rank, *args, **kwargs):
+        store.rank_is(rank)
+        return original(store_arg, rank, *args, **kwargs)
+
+    monkeypatch.setattr(liveness.Heartbeats, "start", start)
+    beats = _start(size, 30.0, reports, store=store)
+    for b in beats:
+        b.stop()
+    # publish, wait for the records, read them in one request (rank 0 also publishes the nonce)
+    assert store.calls == {r: 3 + (r == 0) for r in range(size)}
+
+
+def test_in_a_large_world_every_rank_hears_of_a_failure_with_the_failed_rank_named(monkeypatch):
+    monkeypatch.setattr(liveness, "FULL_WATCH_RANKS", 4)
+    size = 12
+    reports = _Reports(size)
+    beats = _start(size, 1.0, reports)
+    try:
+        assert liveness.contacted_peers(0, size) == [1, 2, 4, 8, 10, 11]  # 6 never read rank 0's record
+        _silence(beats[0])
+        for rank in range(1, size):
+            assert reports.events[rank].wait(30), (rank, reports.reasons)
+            assert reports.reasons[rank].startswith("rank 0 on host host0 has ")
+        # Rank 6 neither watches rank 0 nor hears from its watchers directly: a forwarded notice
+        # names rank 0 and the rank that noticed, with their hosts.
+        assert re.fullmatch(r"rank 0 on host host0 has failed: rank (1|2|10|11) on host host\1 heard .*",
+                            reports.reasons[6])
+        assert 0 not in reports.reasons
+        assert "rank 0 on host host0" not in beats[6].names.values()
+    finally:
+        for b in beats:
+            b.stop()
 
 
 class _StuckWork:
