@@ -114,12 +114,12 @@ def proof(key: bytes, role: bytes, server_nonce: bytes | bytearray, client_nonce
           claims: bytes | bytearray = b"") -> bytes:
     """What ``role`` (``b"client"`` or ``b"server"``) sends to prove it knows ``key`` on this connection."""
     message = b"|".join((role, server_nonce, client_nonce, claims))
-    return hmac.new(key, message, hashlib.sha256).digest()
+    return hmac.digest(key, message, "sha256")
 
 
 def session_key(key: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     """A key for this connection alone (used to tag the job store's messages)."""
-    return hmac.new(key, b"session|" + server_nonce + client_nonce, hashlib.sha256).digest()
+    return hmac.digest(key, b"session|" + server_nonce + client_nonce, "sha256")
 
 
 def same(a: bytes | bytearray, b: bytes | bytearray) -> bool:

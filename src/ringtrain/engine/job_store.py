@@ -54,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import hashlib
 import hmac
 import logging
 import random
@@ -147,7 +146,8 @@ class _Tagger:
         self._received = 0
 
     def _tag(self, label: bytes, number: int, body: bytes) -> bytes:
-        return hmac.new(self._key, label + struct.pack("<Q", number) + body, hashlib.sha256).digest()
+        # hmac.digest: OpenSSL's one-shot HMAC, a few microseconds less per message than hmac.new
+        return hmac.digest(self._key, label + struct.pack("<Q", number) + body, "sha256")
 
     def seal(self, body: bytes) -> bytes:
         tag = self._tag(self._send_label, self._sent, body)
@@ -486,12 +486,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        peer = transport.get_extra_info("peername")
+        peer = transport.get_extra_info("peername")  # (asyncio's transports set TCP_NODELAY themselves)
         self.source = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not self.server._admit(self):
             return
         self.server_nonce = auth.new_nonce()
