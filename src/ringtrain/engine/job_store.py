@@ -400,7 +400,7 @@ class JobStoreServer:
         if timeout is not None:
             waiter.timer = self._loop.call_later(timeout, waiter.time_out)
         waiter.park()
-        connection.waiter = waiter
+        connection.wait_on(waiter)
         return None
 
     def _wake(self, key: str) -> None:
@@ -574,11 +574,20 @@ class _Connection(asyncio.Protocol):
         assert self.tagger is not None
         self.transport.write(self.tagger.seal(bytes([status]) + _pack_items(items)))
 
+    def wait_on(self, waiter: _Waiter) -> None:
+        """A request waits for keys: read nothing more from this client until it is answered (the
+        kernel's buffers hold what a client sends meanwhile, not this process's memory)."""
+        self.waiter = waiter
+        if self.transport is not None:
+            self.transport.pause_reading()
+
     def waiter_done(self, waiter: _Waiter, answer: tuple[int, list[bytes]]) -> None:
         """A waiting request's reply; the requests that came behind it are answered next."""
         if self.waiter is not waiter or self.closed:
             return
         self.waiter = None
+        if self.transport is not None:
+            self.transport.resume_reading()
         self._send(answer)
         try:
             self._process()
