@@ -220,3 +220,56 @@ def test_the_endpoint_port_stays_the_job_stores_so_round_0_hands_the_workers_a_f
     finally:
         node.shutdown()
         meeting.close(node)
+
+
+class _CountingStore(JobStore):
+    """A job store connection that counts its requests, by operation and key."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+
+    def add(self, key, value):
+        self.calls.append(("add", key))
+        return super().add(key, value)
+
+    def get(self, key):
+        self.calls.append(("get", key))
+        return super().get(key)
+
+    def check(self, keys):
+        self.calls.append(("check", ",".join(keys)))
+        return super().check(keys)
+
+
+def test_small_jobs_poll_as_often_as_torchs_agent_asks_large_ones_stretch_within_a_budget():
+    assert rendezvous.steady_intervals(2) == (1.0, 0.1, 1.0)
+    assert rendezvous.steady_intervals(16) == (1.0, 0.1, 1.0)
+    assert rendezvous.steady_intervals(1000) == (3.75, 6.25, 6.25)
+    for nnodes in (2, 16, 64, 100, 300, 1000):
+        beat, waiting, closed = rendezvous.steady_intervals(nnodes)
+        assert beat <= rendezvous.NODE_TIMEOUT / 4  # node 0 still judges a silent node in time
+        per_second = nnodes * (1 / beat + 1 / waiting + 1 / closed)
+        assert per_second <= 600, (nnodes, per_second)  # what node 0's store answers, all agents together
+
+
+def test_between_two_looks_an_agent_answers_torch_from_what_it_read_last(server):
+    store = _CountingStore(server.address, server.secret, timeout=10.0)
+    big = RingtrainRendezvous(store, view(0, nnodes=1000), bootstrap_host="127.0.0.1", timeout=60.0)
+    big.round = 0  # as after the first rendezvous
+    for _ in range(50):  # five seconds of torch's agent asking every 0.1 s, asked at once
+        assert big.num_nodes_waiting() == 0
+    assert store.calls == [("add", "rdzv/round1/arrivals"), ("check", "rdzv/closed")]
+
+
+def test_only_node_0_reads_the_views_while_a_round_forms(server):
+    counted = _CountingStore(server.address, server.secret, timeout=10.0)
+    nodes = [handler(server, view(0)),
+             RingtrainRendezvous(counted, view(1), bootstrap_host="127.0.0.1", timeout=60.0)]
+    try:
+        infos = together(*(h.next_rendezvous for h in nodes))
+        assert [i.rank for i in infos] == [0, 1]
+        assert ("get", "rdzv/round0/views") not in counted.calls
+    finally:
+        for h in nodes:
+            h.shutdown()

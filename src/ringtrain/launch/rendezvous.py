@@ -25,6 +25,9 @@ used by ``ringtrain run`` wherever it would have used ``static``) fixes both:
   was closed (a node gave up after its last restart).
 * Each agent beats a counter in the store every second; node 0 declares a missing node gone once
   its counter stops for ``node_timeout`` seconds, instead of waiting out the rendezvous timeout.
+* Above :data:`FULL_RATE_NODES` nodes the agents' heartbeats and polls stretch with the number of
+  nodes (:func:`steady_intervals`), and only node 0 reads the views while a round forms, so node 0's
+  store answers about as many requests a second for a thousand nodes as for sixteen.
 
 Rounds stay in step because membership is fixed: no node can start round k+1 before every node
 joined round k, and each node's k-th call joins round k. The round is also the attempt number the
@@ -35,6 +38,7 @@ node (torch's agent does not count a restart caused by another node).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import socket
@@ -44,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torch.distributed import PrefixStore, Store
+from torch.distributed import DistStoreError, PrefixStore, Store
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
@@ -65,6 +69,28 @@ POLL_INTERVAL = 0.2
 BEAT_INTERVAL = 1.0
 #: Seconds without a heartbeat after which node 0 declares a missing node gone (``node_timeout``).
 NODE_TIMEOUT = 15.0
+#: Seconds between two looks at the store for nodes waiting in the next round (torch's agent asks
+#: every 0.1 s; the answer in between is the last one read), and for a closed rendezvous.
+WAITING_INTERVAL = 0.1
+CLOSED_INTERVAL = 1.0
+#: Jobs of up to this many nodes poll at the intervals above; larger ones stretch them in proportion,
+#: so that node 0's store, which every agent polls while the ranks run, answers about the same number
+#: of requests a second at any size (measured: benchmarks/README.md, "The rendezvous at 1,000 nodes").
+FULL_RATE_NODES = 16
+
+
+def steady_intervals(nnodes: int, node_timeout: float = NODE_TIMEOUT) -> tuple[float, float, float]:
+    """Seconds between an agent's heartbeats, its looks for waiting nodes and for a closed rendezvous.
+
+    Up to :data:`FULL_RATE_NODES` nodes: :data:`BEAT_INTERVAL`, :data:`WAITING_INTERVAL`,
+    :data:`CLOSED_INTERVAL`. Beyond, each grows with the number of nodes; a heartbeat stays at least
+    four times as frequent as ``node_timeout`` (which judges it), and the two looks at most 1/16 s per
+    node (at 1,000 nodes a restarted node or a closed rendezvous is noticed within 6.3 s).
+    """
+    stretch = max(1.0, nnodes / FULL_RATE_NODES)
+    beat = min(BEAT_INTERVAL * stretch, max(BEAT_INTERVAL, node_timeout / 4))
+    waiting = WAITING_INTERVAL * stretch
+    return beat, waiting, max(CLOSED_INTERVAL, waiting)
 
 _CLOSED = "rdzv/closed"
 _CLOSED_SEEN = "rdzv/closed_seen"
@@ -177,6 +203,10 @@ class RingtrainRendezvous(RendezvousHandler):
         self._beater: threading.Thread | None = None
         self._stop = threading.Event()
         self._last_closed_check = 0.0
+        self._last_waiting_check = 0.0
+        self._waiting = 0
+        intervals = steady_intervals(view.nnodes, node_timeout)
+        self._beat_every, self._waiting_every, self._closed_every = intervals
         self._attempt_stores: list[Store] = []
         #: Nodes seen in the current round so far (node 0 waits for them to read a closing reason).
         self.joined = 1
@@ -195,6 +225,7 @@ class RingtrainRendezvous(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         self.round += 1
+        self._last_waiting_check, self._waiting = 0.0, 0  # a new round's arrivals are counted afresh
         try:
             self._start_heartbeat()
             members, bootstrap = self._join(self.round)
@@ -208,15 +239,17 @@ class RingtrainRendezvous(RendezvousHandler):
     def num_nodes_waiting(self) -> int:
         if self.round < 0:
             return 0
+        now = time.monotonic()
         try:
-            waiting = int(self._store.add(f"rdzv/round{self.round + 1}/arrivals", 0))
-            now = time.monotonic()
-            if now - self._last_closed_check >= 1.0:
+            if now - self._last_waiting_check >= self._waiting_every:
+                self._last_waiting_check = now
+                self._waiting = int(self._store.add(f"rdzv/round{self.round + 1}/arrivals", 0))
+            if now - self._last_closed_check >= self._closed_every:
                 self._last_closed_check = now
                 self._raise_if_closed()
         except (JobStoreError, OSError) as exc:
             raise RendezvousFailedError(self._store_gone(exc)) from None
-        return waiting
+        return self._waiting
 
     def is_closed(self) -> bool:
         try:
@@ -256,26 +289,33 @@ class RingtrainRendezvous(RendezvousHandler):
         store.add(prefix + "arrivals", 1)
         deadline = time.monotonic() + self.timeout
         heard: dict[int, tuple[int, float]] = {}  # node rank -> (last heartbeat value, when it changed)
+        # Node 0 reads every node's view at each poll (a mismatch closes the rendezvous, which the
+        # others read as its reason); the others wait for the round to form and read views only at the
+        # deadline: each of N nodes reading all N views at every poll was N² at start-up.
+        reads_views = me.node_rank == 0
+        poll = max(POLL_INTERVAL, self._waiting_every)
+        views: list[NodeView] = []
         while True:
             self._raise_if_closed()
-            views = [NodeView.from_json(line) for line in
-                     store.get(prefix + "views").decode().splitlines() if line.strip()]
-            self.joined = len(views)
-            problem = describe_mismatch(views)
-            if problem is not None:
-                self._close(problem)
-                raise RendezvousMismatchError(problem)
+            if reads_views or time.monotonic() > deadline:
+                views = [NodeView.from_json(line) for line in
+                         store.get(prefix + "views").decode().splitlines() if line.strip()]
+                self.joined = len(views)
+                problem = describe_mismatch(views)
+                if problem is not None:
+                    self._close(problem)
+                    raise RendezvousMismatchError(problem)
             if store.check([prefix + "formed"]):
                 formed = json.loads(store.get(prefix + "formed"))
                 if [me.host, me.pid] not in formed["members"]:
                     raise self._too_late(k)
                 return len(formed["members"]), formed["bootstrap"]
             ranks = {v.node_rank for v in views}
-            if me.node_rank == 0:
+            if reads_views:
                 if ranks == set(range(me.nnodes)):
                     return self._form(k, views)
                 self._check_missing(k, sorted(set(range(me.nnodes)) - ranks), heard, views)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and views:
                 missing = sorted(set(range(me.nnodes)) - ranks)
                 problem = (f"node(s) {', '.join(map(str, missing))} did not join round {k} of the rendezvous "
                            f"within {self.timeout:g} s (they were never started, cannot reach node 0 at the "
@@ -283,7 +323,12 @@ class RingtrainRendezvous(RendezvousHandler):
                            "--master-addr/--master-port, or raise --start-timeout.")
                 self._close(problem)
                 raise RendezvousFailedError(problem)
-            time.sleep(POLL_INTERVAL)
+            if reads_views:
+                time.sleep(POLL_INTERVAL)
+            else:
+                # back at once when the round forms; a closed rendezvous is looked at each poll
+                with contextlib.suppress(DistStoreError):
+                    store.wait([prefix + "formed"], datetime.timedelta(seconds=poll))
 
     def _form(self, k: int, views: list[NodeView]) -> tuple[int, str]:
         port = self._fresh_port()
@@ -364,7 +409,7 @@ class RingtrainRendezvous(RendezvousHandler):
             try:
                 while True:
                     beats.add(key, 1)
-                    if self._stop.wait(BEAT_INTERVAL):
+                    if self._stop.wait(self._beat_every):
                         break
             except (JobStoreError, OSError):
                 pass  # node 0 went away: the agent's own calls report it
