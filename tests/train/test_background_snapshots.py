@@ -136,6 +136,18 @@ def test_the_api_writes_what_torch_save_writes_and_loads_it_verified(tmp_path):
     assert ringtrain.load_snapshot(tmp_path / "empty") is None
 
 
+def test_the_schedulers_signals_to_every_process_of_the_job_do_not_stop_the_writer(tmp_path):
+    """Slurm's --signal=USR1@N and a cancel's SIGTERM reach every process of the job, the writer too
+    (its own session keeps out only the terminal's): the rank decides, and the writer goes on writing."""
+    ringtrain.save_snapshot({"w": torch.zeros(2)}, tmp_path / "first.pt").wait()  # the writer runs
+    (pid,) = writer_pids()
+    for name in ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGHUP", "SIGINT"):
+        os.kill(pid, getattr(signal, name))
+    path = ringtrain.save_snapshot({"w": torch.ones(2)}, tmp_path / "after.pt").wait()
+    assert torch.equal(ringtrain.load_snapshot(path)["w"], torch.ones(2))
+    assert writer_pids() == [pid]  # the same writer wrote it
+
+
 def test_an_api_write_that_fails_names_the_file_and_the_reason_and_the_next_save_raises_it(tmp_path):
     folder = tmp_path / "ckpt"
     ringtrain.save_snapshot({"w": torch.ones(2)}, folder / "good.pt").wait()

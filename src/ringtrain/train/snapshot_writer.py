@@ -41,6 +41,7 @@ import mmap
 import os
 import pickle
 import select
+import signal
 import socket
 import sys
 import time
@@ -501,8 +502,23 @@ def _lower_priority(how: str) -> None:
         pass
 
 
+#: Signals the writer ignores: a scheduler sends them to every process of a job (Slurm's
+#: ``--signal=USR1@60`` warning, a cancel's SIGTERM; its own session keeps it out of the terminal's
+#: Ctrl-C, not out of those). The rank decides what they mean, and a rank that stops on one hands its
+#: last snapshot to this process: it ends once that is written and the rank's socket closes.
+IGNORED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def _ignore_stop_signals() -> None:
+    for name in IGNORED_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            signal.signal(number, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    _ignore_stop_signals()
     sock = socket.socket(fileno=int(args[0]))
     _lower_priority(os.environ.get(ENV_SCHED, "idle"))
     import torch
