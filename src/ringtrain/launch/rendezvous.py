@@ -23,8 +23,9 @@ used by ``ringtrain run`` wherever it would have used ``static``) fixes both:
   restarts its ranks makes torch's agent restart them on every other node too (torchrun's meaning
   of ``--max-restarts``: the whole group restarts). It also ends a running node when the rendezvous
   was closed (a node gave up after its last restart).
-* Each agent beats a counter in the store every second; node 0 declares a missing node gone once
-  its counter stops for ``node_timeout`` seconds, instead of waiting out the rendezvous timeout.
+* Each agent beats a counter in the store every second while it is in a round or has seen a node
+  waiting in the next one; node 0 declares a node missing from a round gone once its counter stops
+  for ``node_timeout`` seconds, instead of waiting out the rendezvous timeout.
 * Above :data:`FULL_RATE_NODES` nodes the agents' heartbeats and polls stretch with the number of
   nodes (:func:`steady_intervals`), and only node 0 reads the views while a round forms, so node 0's
   store answers about as many requests a second for a thousand nodes as for sixteen.
@@ -76,7 +77,7 @@ CLOSED_INTERVAL = 1.0
 #: Jobs of up to this many nodes poll at the intervals above; larger ones stretch them in proportion,
 #: so that node 0's store, which every agent polls while the ranks run, answers about the same number
 #: of requests a second at any size (measured: benchmarks/README.md, "The rendezvous at 1,000 nodes").
-FULL_RATE_NODES = 16
+FULL_RATE_NODES = 12
 
 
 def steady_intervals(nnodes: int, node_timeout: float = NODE_TIMEOUT) -> tuple[float, float, float]:
@@ -84,8 +85,9 @@ def steady_intervals(nnodes: int, node_timeout: float = NODE_TIMEOUT) -> tuple[f
 
     Up to :data:`FULL_RATE_NODES` nodes: :data:`BEAT_INTERVAL`, :data:`WAITING_INTERVAL`,
     :data:`CLOSED_INTERVAL`. Beyond, each grows with the number of nodes; a heartbeat stays at least
-    four times as frequent as ``node_timeout`` (which judges it), and the two looks at most 1/16 s per
-    node (at 1,000 nodes a restarted node or a closed rendezvous is noticed within 6.3 s).
+    four times as frequent as ``node_timeout`` (which judges it), and the two looks come every
+    ``nnodes / 120`` s at most (at 1,000 nodes a restarted node or a closed rendezvous is noticed
+    within 8.4 s).
     """
     stretch = max(1.0, nnodes / FULL_RATE_NODES)
     beat = min(BEAT_INTERVAL * stretch, max(BEAT_INTERVAL, node_timeout / 4))
@@ -202,6 +204,10 @@ class RingtrainRendezvous(RendezvousHandler):
         self._ports_used: set[int] = set()
         self._beater: threading.Thread | None = None
         self._stop = threading.Event()
+        #: Wakes the heartbeat thread early: a round starts, a node is seen waiting, the handler stops.
+        self._nudge = threading.Event()
+        #: Whether this node is in a round that has not formed yet (its heartbeat then counts).
+        self._in_round = False
         self._last_closed_check = 0.0
         self._last_waiting_check = 0.0
         self._waiting = 0
@@ -226,11 +232,15 @@ class RingtrainRendezvous(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         self.round += 1
         self._last_waiting_check, self._waiting = 0.0, 0  # a new round's arrivals are counted afresh
+        self._in_round = True
+        self._nudge.set()
         try:
             self._start_heartbeat()
             members, bootstrap = self._join(self.round)
         except (JobStoreError, OSError) as exc:
             raise RendezvousFailedError(self._store_gone(exc)) from None
+        finally:
+            self._in_round = False
         host, _, port = bootstrap.rpartition(":")
         store = PrefixStore(f"run/{self.view.run_id}/attempt{self.round}", self._store)
         self._attempt_stores = [store]  # the agent holds it too; keep ours until the next round
@@ -243,7 +253,10 @@ class RingtrainRendezvous(RendezvousHandler):
         try:
             if now - self._last_waiting_check >= self._waiting_every:
                 self._last_waiting_check = now
-                self._waiting = int(self._store.add(f"rdzv/round{self.round + 1}/arrivals", 0))
+                waiting = int(self._store.add(f"rdzv/round{self.round + 1}/arrivals", 0))
+                if waiting and not self._waiting:
+                    self._nudge.set()  # a round is forming: node 0 judges this node by its heartbeat now
+                self._waiting = waiting
             if now - self._last_closed_check >= self._closed_every:
                 self._last_closed_check = now
                 self._raise_if_closed()
@@ -273,6 +286,7 @@ class RingtrainRendezvous(RendezvousHandler):
 
     def shutdown(self) -> bool:
         self._stop.set()
+        self._nudge.set()
         if self._beater is not None:
             self._beater.join(timeout=5.0)
         return True
@@ -406,11 +420,16 @@ class RingtrainRendezvous(RendezvousHandler):
         key = f"rdzv/alive/{self.view.node_rank}"
 
         def beat() -> None:
+            # Node 0 reads a node's counter only while a round forms and waits for that node: the
+            # counter moves while this node is in a round or has seen another node waiting in the next
+            # one (torch's agent then restarts its ranks, however long they take to stop), not while
+            # the job trains (a thousand agents beating every second were most of node 0's load).
             try:
-                while True:
-                    beats.add(key, 1)
-                    if self._stop.wait(self._beat_every):
-                        break
+                while not self._stop.is_set():
+                    if self._in_round or self._waiting:
+                        beats.add(key, 1)
+                    self._nudge.wait(self._beat_every)
+                    self._nudge.clear()
             except (JobStoreError, OSError):
                 pass  # node 0 went away: the agent's own calls report it
             finally:
