@@ -30,17 +30,10 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from results_io import write_results  # noqa: E402
+from scale_bench import _raise_fd_limit  # noqa: E402
 
 SECRET = "7" * 64
 ASK_EVERY_S = 0.1  # torch's agent: monitor_interval as ringtrain run sets it
-
-
-def _raise_fd_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def serve() -> None:

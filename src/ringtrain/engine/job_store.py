@@ -348,7 +348,7 @@ class JobStoreServer:
         """The reply to one request, or None when it waits for keys (the waiter replies later)."""
         data = self._data
         if op == _GET:
-            return self._wait(connection, [args[0].decode()], _seconds(args[1]), single=True)
+            return self._wait(connection, [args[0].decode()], _seconds(args[1]))
         if op == _WAIT:
             return self._wait(connection, [k.decode() for k in args[1:]], _seconds(args[0]), values=False)
         if op == _MULTI_GET:
@@ -393,7 +393,7 @@ class JobStoreServer:
         raise ValueError(f"unknown operation {op}")
 
     def _wait(self, connection: _Connection, keys: list[str], timeout: float | None, *,
-              single: bool = False, values: bool = True) -> tuple[int, list[bytes]] | None:
+              values: bool = True) -> tuple[int, list[bytes]] | None:
         waiter = _Waiter(self, connection, keys, values)
         if waiter.missing() is None:
             return waiter.reply()
